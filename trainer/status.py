@@ -1,0 +1,85 @@
+"""The trainer -> ops seam: one small JSON status file per process.
+
+The trainer rewrites it atomically (tmp + rename) at least every log interval; the ops layer reads
+it over SSH and judges health from `state`, `exit_code` and the heartbeat age.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+
+class TrainerState(StrEnum):
+    INITIALIZING = "initializing"
+    COMPILING = "compiling"
+    TRAINING = "training"
+    SAVING = "saving"
+    PREEMPTED = "preempted"
+    DONE = "done"
+    FAILED = "failed"
+
+
+# Documented exit codes of `python -m trainer`.
+EXIT_DONE = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the preemption checkpoint is committed; restart to resume.
+
+STATUS_FILE_ENV = "TPUPOD_STATUS_FILE"
+
+
+@dataclass
+class TrainerStatus:
+    state: TrainerState = TrainerState.INITIALIZING
+    step: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    last_checkpoint: int | None = None
+    restored_from: int | None = None
+    compile_cache_hit: bool | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    process_id: int = 0
+    pid: int = field(default_factory=os.getpid)
+    heartbeat: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerStatus:
+        raw = json.loads(text)
+        known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
+        known["state"] = TrainerState(known.get("state", TrainerState.INITIALIZING))
+        return cls(**known)
+
+
+class StatusFile:
+    """Writes this process's status; a no-op when no path is configured."""
+
+    def __init__(self, path: str | os.PathLike | None, process_id: int = 0):
+        self.path = Path(path) if path else None
+        self.status = TrainerStatus(process_id=process_id)
+
+    def update(self, **changes) -> TrainerStatus:
+        for key, value in changes.items():
+            setattr(self.status, key, value)
+        self.status.heartbeat = time.time()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(self.status.to_json())
+            os.replace(tmp, self.path)
+        return self.status
+
+
+def read_status(path: str | os.PathLike) -> TrainerStatus | None:
+    try:
+        return TrainerStatus.from_json(Path(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
