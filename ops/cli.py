@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Modules exposing `register(subparsers)`; each adds its subcommands with `set_defaults(func=...)`.
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["localpod.cli", "ops.commands"]
 
 
 class CliError(Exception):

@@ -1,0 +1,98 @@
+"""The tpupod Pulumi program: read the stack's config once, compose the components, export.
+
+All decisions live in `infra/`; this file only wires them (config -> network, bucket, identity,
+bundle -> TPU slice) and names the outputs that ops and humans use.
+"""
+
+import pulumi
+
+from infra import metadata, naming
+from infra.bucket import CheckpointBucket, CheckpointBucketArgs
+from infra.code_bundle import CodeBundle, CodeBundleArgs
+from infra.config import load
+from infra.identity import WorkerIdentity, WorkerIdentityArgs
+from infra.network import Network, NetworkArgs
+from infra.tpu_slice import TpuSlice, TpuSliceArgs
+
+config = load()  # RunError on any bad key, before a single resource exists
+accelerator = config.accelerator
+tpu_name = naming.tpu_name(config)
+bucket_name = naming.bucket_name(config)
+labels = naming.labels(config)
+
+network = Network(
+    "network",
+    NetworkArgs(
+        name=tpu_name,
+        region=config.region,
+        subnet_cidr=config.subnet_cidr,
+        worker_tag=naming.network_tag(config),
+        ssh_source_ranges=config.ssh_source_ranges,
+        existing_network=config.existing_network,
+        existing_subnet=config.existing_subnet,
+    ),
+)
+bucket = CheckpointBucket(
+    "checkpoints",
+    CheckpointBucketArgs(
+        name=bucket_name,
+        location=config.region,
+        labels=labels,
+        protect=config.protect_bucket,
+        existing=config.existing_bucket is not None,
+    ),
+)
+identity = WorkerIdentity(
+    "workers",
+    WorkerIdentityArgs(
+        account_id=naming.service_account_id(config), project=config.project, bucket=bucket.name
+    ),
+)
+code = CodeBundle("code", CodeBundleArgs(bucket=bucket.name))
+worker_metadata = metadata.worker_metadata(
+    bucket=bucket_name,
+    bundle_object=code.object_name,
+    bundle_sha256=code.bundle.sha256,
+    stack=config.stack,
+    trainer_args=config.trainer_command_args,
+    uv_group="tpu",
+    coordinator_port=config.coordinator_port,
+)
+tpu = TpuSlice(
+    "slice",
+    TpuSliceArgs(
+        name=tpu_name,
+        zone=config.resolved_zone,
+        accelerator_type=accelerator.api_type,
+        runtime_version=config.resolved_runtime_version,
+        provisioning=config.provisioning,
+        network=network.network,
+        subnetwork=network.subnetwork,
+        service_account_email=identity.email,
+        network_tag=naming.network_tag(config),
+        metadata=worker_metadata,
+        labels=labels,
+        enable_external_ips=config.enable_external_ips,
+    ),
+    # Workers boot straight into the startup script: NAT, IAM grants and the bundle come first.
+    opts=pulumi.ResourceOptions(depends_on=[network, identity, code]),
+)
+
+pulumi.export("tpu_name", tpu.node.name)
+pulumi.export("tpu_urn", tpu.node.urn)  # ops: `pulumi up --stack S --yes --replace <tpu_urn>`
+pulumi.export("zone", config.resolved_zone)
+pulumi.export("project", config.project)
+pulumi.export("accelerator_type", accelerator.api_type)
+pulumi.export("num_hosts", accelerator.hosts)
+pulumi.export("worker_internal_ips", tpu.worker_internal_ips)
+if config.enable_external_ips:
+    pulumi.export("worker_external_ips", tpu.worker_external_ips)
+pulumi.export("bucket_url", bucket.url)
+pulumi.export("checkpoint_uri", worker_metadata[metadata.RUN_PREFIX])
+pulumi.export("bundle_uri", code.uri)
+pulumi.export("service_account_email", identity.email)
+pulumi.export(
+    "ssh_command",
+    f"gcloud compute tpus tpu-vm ssh {tpu_name} --zone {config.resolved_zone} "
+    f"--project {config.project} --tunnel-through-iap --worker=all",
+)

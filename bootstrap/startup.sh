@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# tpupod worker bootstrap: the `startup-script` metadata of every TPU worker.
+#
+# Runs at every boot (GCE guest agent; the local pod runs it the same way) and is safe to re-run.
+# Named phases, each bounded by a deadline, each logged with a timestamp to $TPUPOD_ROOT/bootstrap.log
+# and recorded in $TPUPOD_ROOT/bootstrap.json (docs/seams.md), which the ops layer reads.
+#   metadata      read tpupod-* keys, worker number and endpoints from the metadata server
+#   uv            install a pinned uv if absent; let uv provide Python >= 3.11
+#   bundle        fetch the code bundle by sha256 into bundles/<sha>, verified, atomically
+#   sync          uv sync --locked for this worker's group, persistent uv cache
+#   clear-stale   stop a trainer left on older code, clear libtpu locks
+#   trainer-env   write trainer.env (coordinator, process count/id, workdir, caches, args)
+#   start-trainer trainerctl.sh start (systemd unit, or setsid + pidfile); a no-op while it runs
+# A failing phase marks bootstrap.json failed with its name and why, and the script exits non-zero.
+set -euo pipefail
+
+export TPUPOD_ROOT="${TPUPOD_ROOT:-/var/lib/tpupod}"
+export GCE_METADATA_HOST="${GCE_METADATA_HOST:-metadata.google.internal}"
+export UV_CACHE_DIR="${UV_CACHE_DIR:-/var/cache/uv}"
+export TPUPOD_UV_VERSION="${TPUPOD_UV_VERSION:-0.13.9}"
+export TPUPOD_PYTHON="${TPUPOD_PYTHON:-3.11}"
+export BOOTSTRAP_JSON="$TPUPOD_ROOT/bootstrap.json"
+export BOOTSTRAP_LOG="$TPUPOD_ROOT/bootstrap.log"
+# Per-run scratch: phase outputs and the metadata handed from phase 1 to the others.
+export BOOTSTRAP_STATE="$TPUPOD_ROOT/.bootstrap"
+# The bundle's own environment is .venv; never one inherited from whoever started us.
+unset VIRTUAL_ENV UV_PROJECT_ENVIRONMENT
+
+# ---------------------------------------------------------------------------------------------
+# Helpers (exported: each phase runs in a child bash under `timeout`).
+
+log() { # log PHASE MESSAGE...
+  local phase=$1
+  shift
+  printf '%s [%s] %s\n' "$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)" "$phase" "$*" | tee -a "$BOOTSTRAP_LOG"
+}
+
+die() { # die MESSAGE: fail the current phase with a reason recorded in bootstrap.json
+  printf '%s\n' "$*" >"$BOOTSTRAP_STATE/reason"
+  printf 'error: %s\n' "$*" >&2
+  exit 1
+}
+
+# record EVENT PHASE [MESSAGE]: EVENT is begin|phase-start|phase-ok|phase-failed|finish.
+record() {
+  EVENT=$1 PHASE=$2 MESSAGE=${3:-} python3 - "$BOOTSTRAP_JSON" <<'PY'
+import json, os, sys, time
+
+path, now = sys.argv[1], time.time()
+event, phase, message = os.environ["EVENT"], os.environ["PHASE"], os.environ["MESSAGE"]
+doc = {}
+if event != "begin":
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        doc = {}
+doc.setdefault("phases", [])
+doc.update(phase=phase, message=message, updated=now,
+           bundle_sha256=os.environ.get("MD_BUNDLE_SHA256") or doc.get("bundle_sha256"))
+if event == "begin":
+    doc.update(state="running", started=now)
+elif event == "phase-start":
+    doc["state"] = "running"
+    doc["phases"].append(dict(name=phase, state="running", started=now, ended=None, seconds=None,
+                              message=""))
+elif event in ("phase-ok", "phase-failed"):
+    entry = doc["phases"][-1]
+    entry.update(state="ok" if event == "phase-ok" else "failed", ended=now,
+                 seconds=round(now - entry["started"], 3), message=message)
+    if event == "phase-failed":
+        doc["state"] = "failed"
+elif event == "finish":
+    doc["state"] = "ok"
+tmp = f"{path}.{os.getpid()}.tmp"
+with open(tmp, "w") as f:
+    json.dump(doc, f, indent=1)
+os.replace(tmp, path)
+PY
+}
+
+# md PATH: GET a metadata path (relative to computeMetadata/v1/). Exit 4 when the server says the
+# key does not exist; retries while the server is unreachable (early boot), within the deadline.
+md() {
+  local url="http://$GCE_METADATA_HOST/computeMetadata/v1/$1" code
+  while true; do
+    code=$(curl --silent --noproxy '*' --max-time 10 -H 'Metadata-Flavor: Google' \
+      -o "$BOOTSTRAP_STATE/md.body" -w '%{http_code}' "$url") || code=000
+    case "$code" in
+    200)
+      cat "$BOOTSTRAP_STATE/md.body"
+      return 0
+      ;;
+    404) return 4 ;;
+    esac
+    echo "metadata server at $GCE_METADATA_HOST answered $code for $1; retrying" >&2
+    sleep 2
+  done
+}
+
+attr() { md "instance/attributes/$1"; }
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+
+phase_metadata() {
+  local out="$BOOTSTRAP_STATE/metadata.sh" key var value
+  : >"$out.tmp"
+  # var:key:required
+  for spec in MD_WORKER:agent-worker-number:1 MD_ENDPOINTS:worker-network-endpoints:1 \
+    MD_BUCKET:tpupod-bucket:1 MD_BUNDLE_OBJECT:tpupod-bundle-object:1 \
+    MD_BUNDLE_SHA256:tpupod-bundle-sha256:1 MD_STACK:tpupod-stack:1 \
+    MD_RUN_PREFIX:tpupod-run-prefix:1 MD_COMPILE_CACHE:tpupod-compile-cache:0 \
+    MD_TRAINER_ARGS:tpupod-trainer-args:0 MD_UV_GROUP:tpupod-uv-group:0 \
+    MD_COORDINATOR_PORT:tpupod-coordinator-port:0; do
+    IFS=: read -r var key required <<<"$spec"
+    if value=$(attr "$key"); then
+      :
+    elif [ "$required" = 1 ]; then
+      die "metadata key $key is missing"
+    else
+      value=""
+    fi
+    printf 'export %s=%q\n' "$var" "$value" >>"$out.tmp"
+  done
+  mv "$out.tmp" "$out"
+  # shellcheck source=/dev/null
+  . "$out"
+  [[ "$MD_WORKER" =~ ^[0-9]+$ ]] || die "agent-worker-number is not a number: $MD_WORKER"
+  [[ "$MD_BUNDLE_SHA256" =~ ^[0-9a-f]{64}$ ]] || die "tpupod-bundle-sha256 is not a sha256: $MD_BUNDLE_SHA256"
+  echo "worker $MD_WORKER of stack $MD_STACK, bundle $MD_BUNDLE_SHA256"
+}
+
+# True when uv's version ($1) is at least the pinned one.
+uv_recent_enough() {
+  [ "$(printf '%s\n%s\n' "$TPUPOD_UV_VERSION" "$1" | sort -V | head -n 1)" = "$TPUPOD_UV_VERSION" ]
+}
+
+phase_uv() {
+  local have=""
+  if command -v uv >/dev/null; then
+    have=$(uv --version | awk '{print $2}')
+  fi
+  if [ -n "$have" ] && uv_recent_enough "$have"; then
+    echo "uv $have present at $(command -v uv)"
+  else
+    # From PyPI, which the sync phase needs anyway; $TPUPOD_ROOT/bin leads PATH (main).
+    echo "installing uv $TPUPOD_UV_VERSION (found: ${have:-none})"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+      --target "$TPUPOD_ROOT/tools/uv-$TPUPOD_UV_VERSION" "uv==$TPUPOD_UV_VERSION"
+    mkdir -p "$TPUPOD_ROOT/bin"
+    ln -sfn "$TPUPOD_ROOT/tools/uv-$TPUPOD_UV_VERSION/bin/uv" "$TPUPOD_ROOT/bin/uv"
+    echo "uv $(uv --version | awk '{print $2}') installed at $(command -v uv)"
+  fi
+  # TPU images ship Python 3.10; uv finds a recent enough one or downloads a managed one.
+  uv python find "$TPUPOD_PYTHON" >/dev/null 2>&1 || uv python install "$TPUPOD_PYTHON"
+  echo "python $TPUPOD_PYTHON at $(uv python find "$TPUPOD_PYTHON")"
+}
+
+phase_bundle() {
+  local dest="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256" tmp token object url got
+  if [ -f "$dest/.tpupod-bundle" ]; then
+    echo "bundle $MD_BUNDLE_SHA256 already present"
+    return 0
+  fi
+  mkdir -p "$TPUPOD_ROOT/bundles"
+  # Leftovers of a fetch killed at its deadline (we hold the bootstrap lock: none is running).
+  rm -rf "$TPUPOD_ROOT"/bundles/.fetch.*
+  tmp=$(mktemp -d "$TPUPOD_ROOT/bundles/.fetch.XXXXXX")
+  # shellcheck disable=SC2064 # expand now: tmp is local
+  trap "rm -rf '$tmp'" EXIT
+  token=$(md instance/service-accounts/default/token |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])') ||
+    die "no access token from the metadata server"
+  object=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' \
+    "$MD_BUNDLE_OBJECT")
+  url="${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}/storage/v1/b/$MD_BUCKET/o/$object?alt=media"
+  echo "fetching gs://$MD_BUCKET/$MD_BUNDLE_OBJECT"
+  curl --silent --show-error --fail --location --retry 5 --retry-all-errors --max-time 600 \
+    -H "Authorization: Bearer $token" -o "$tmp/bundle.tar.gz" "$url" ||
+    die "download of gs://$MD_BUCKET/$MD_BUNDLE_OBJECT failed"
+  got=$(sha256sum "$tmp/bundle.tar.gz" | cut -d' ' -f1)
+  [ "$got" = "$MD_BUNDLE_SHA256" ] || die "bundle sha256 mismatch: expected $MD_BUNDLE_SHA256, got $got"
+  mkdir "$tmp/tree"
+  tar -xzf "$tmp/bundle.tar.gz" -C "$tmp/tree" --no-same-owner
+  echo "$MD_BUNDLE_SHA256" >"$tmp/tree/.tpupod-bundle"
+  # rename(2) is atomic: a bundle directory is complete or absent.
+  mv -T "$tmp/tree" "$dest"
+  echo "bundle extracted to $dest"
+}
+
+phase_sync() {
+  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256"
+  local args=(sync --locked --no-install-project --no-default-groups)
+  [ -z "$MD_UV_GROUP" ] || args+=(--group "$MD_UV_GROUP")
+  mkdir -p "$UV_CACHE_DIR"
+  echo "uv ${args[*]} in $dir (cache $UV_CACHE_DIR)"
+  (cd "$dir" && uv "${args[@]}")
+}
+
+phase_clear_stale() {
+  local ctl="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256/bootstrap/trainerctl.sh" running
+  if running=$("$ctl" bundle); then
+    if [ "$running" = "$MD_BUNDLE_SHA256" ]; then
+      echo "trainer on bundle $running is running; leaving it"
+      return 0
+    fi
+    echo "trainer runs bundle ${running:-?}, want $MD_BUNDLE_SHA256: stopping it"
+    "$ctl" stop
+  fi
+  "$ctl" clear-locks
+  # Old bundles and their venvs go; the newest few stay for a quick rollback.
+  local dir kept=0
+  while IFS= read -r dir; do
+    [ "${dir##*/}" != "$MD_BUNDLE_SHA256" ] || continue
+    kept=$((kept + 1))
+    if [ "$kept" -gt 2 ]; then
+      echo "removing old bundle ${dir##*/}"
+      rm -rf "$dir"
+    fi
+  done < <(find "$TPUPOD_ROOT/bundles" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' \
+    -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)
+}
+
+phase_trainer_env() {
+  local env="$TPUPOD_ROOT/trainer.env" coordinator_ip count
+  coordinator_ip=$(cut -d, -f1 <<<"$MD_ENDPOINTS" | awk -F: '{print $NF}')
+  count=$(tr ',' '\n' <<<"$MD_ENDPOINTS" | grep -c .)
+  [ -n "$coordinator_ip" ] || die "worker-network-endpoints has no address: $MD_ENDPOINTS"
+  {
+    echo "TPUPOD_COORDINATOR=$coordinator_ip:${MD_COORDINATOR_PORT:-8482}"
+    echo "TPUPOD_NUM_PROCESSES=$count"
+    echo "TPUPOD_PROCESS_ID=$MD_WORKER"
+    echo "TPUPOD_WORKDIR=$MD_RUN_PREFIX"
+    echo "TPUPOD_COMPILE_CACHE=$MD_COMPILE_CACHE"
+    echo "TPUPOD_STATUS_FILE=$TPUPOD_ROOT/status.json"
+    echo "TPUPOD_TRAINER_ARGS=$MD_TRAINER_ARGS"
+    # Storage emulator access (local pod) travels through the standard variables only.
+    # So is the local pod's CPU device layout; none of these is set on GCP.
+    for var in GCE_METADATA_HOST STORAGE_EMULATOR_HOST TENSORSTORE_GCS_HTTP_URL \
+      GOOGLE_AUTH_TOKEN_FOR_TESTING FSSPEC_GCS_TOKEN NO_GCE_CHECK \
+      GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT JAX_PLATFORMS XLA_FLAGS TPUPOD_INIT_TIMEOUT; do
+      if [ -n "${!var:-}" ]; then echo "$var=${!var}"; fi
+    done
+  } >"$env.tmp"
+  if [ -f "$env" ] && ! cmp -s "$env" "$env.tmp" &&
+    "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" status >/dev/null 2>&1; then
+    echo "trainer environment changed: stopping the trainer started with the old one"
+    "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" stop
+    "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" clear-locks
+  fi
+  mv "$env.tmp" "$env"
+  cat "$env"
+}
+
+phase_start_trainer() {
+  "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" start
+}
+
+export -f log die record md attr uv_recent_enough phase_metadata phase_uv phase_bundle phase_sync \
+  phase_clear_stale phase_trainer_env phase_start_trainer
+
+# ---------------------------------------------------------------------------------------------
+# The phase runner
+
+# phase NAME DEADLINE_S FUNCTION: run FUNCTION in a child bash under `timeout`, its output
+# timestamped into bootstrap.log; record the outcome in bootstrap.json; exit non-zero on failure.
+phase() {
+  local name=$1 deadline=$2 fn=$3 rc reason override
+  # TPUPOD_DEADLINE_<PHASE> (e.g. TPUPOD_DEADLINE_CLEAR_STALE) overrides a deadline.
+  override="TPUPOD_DEADLINE_$(tr 'a-z-' 'A-Z_' <<<"$name")"
+  deadline=${!override:-$deadline}
+  rm -f "$BOOTSTRAP_STATE/reason"
+  record phase-start "$name"
+  log "$name" "begin (deadline ${deadline}s)"
+  set +e
+  timeout --kill-after=10 "$deadline" bash -c 'set -euo pipefail; "$@"' "$name" "$fn" 2>&1 |
+    while IFS= read -r line; do log "$name" "$line"; done |
+    tee "$BOOTSTRAP_STATE/$name.out"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -eq 0 ]; then
+    record phase-ok "$name" "$(tail -n 1 "$BOOTSTRAP_STATE/$name.out" | cut -d' ' -f3-)"
+    log "$name" "ok"
+    return 0
+  fi
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    reason="deadline of ${deadline}s exceeded"
+  elif [ -s "$BOOTSTRAP_STATE/reason" ]; then
+    reason=$(cat "$BOOTSTRAP_STATE/reason")
+  else
+    reason="exit $rc: $(tail -n 1 "$BOOTSTRAP_STATE/$name.out" | cut -d' ' -f3-)"
+  fi
+  record phase-failed "$name" "$reason"
+  log "$name" "FAILED: $reason"
+  exit 1
+}
+
+main() {
+  mkdir -p "$TPUPOD_ROOT" "$BOOTSTRAP_STATE"
+  # Never inside some project directory: uv would find it.
+  cd "$TPUPOD_ROOT"
+  # One bootstrap at a time per worker (fd 9 is closed for the trainer in start-trainer).
+  exec 9>"$BOOTSTRAP_STATE/lock"
+  flock 9
+  record begin start
+  log start "bootstrap of $TPUPOD_ROOT (metadata at $GCE_METADATA_HOST)"
+
+  phase metadata 120 phase_metadata
+  # shellcheck source=/dev/null
+  . "$BOOTSTRAP_STATE/metadata.sh"
+  export PATH="$TPUPOD_ROOT/bin:$PATH"
+
+  phase uv 300 phase_uv
+  phase bundle 600 phase_bundle
+  phase sync 1800 phase_sync
+  # The bundle is complete and synced: make it the active one.
+  ln -sfn "bundles/$MD_BUNDLE_SHA256" "$TPUPOD_ROOT/current.tmp"
+  mv -T "$TPUPOD_ROOT/current.tmp" "$TPUPOD_ROOT/current"
+  phase clear-stale 120 phase_clear_stale
+  phase trainer-env 30 phase_trainer_env
+  phase start-trainer 60 phase_start_trainer 9>&-
+  record finish start-trainer "bootstrap complete"
+  log finish "bootstrap complete"
+}
+
+main "$@"

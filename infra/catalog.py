@@ -1,0 +1,166 @@
+"""Accelerator catalog: what a TPU accelerator type means for the slice we declare.
+
+Facts only, each with the Google Cloud page it comes from. The stack config names a type such as
+`v4-32` or `v5e-16`; everything else (hosts, API string, runtime, zones) is looked up here so a
+stack file stays short and a wrong combination is caught before any resource is declared.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Multi-host slices of every generation here run 4 chips per TPU VM: v4 and v5p machines hold 4
+# chips; v5e and v6e slices above 8 chips are built from 4-chip VMs (ct5lp-hightpu-4t,
+# ct6e-standard-4t), while 1-, 4- and 8-chip slices are a single VM.
+#   https://cloud.google.com/tpu/docs/v4                (4 chips per host, 2 TensorCores per chip)
+#   https://cloud.google.com/tpu/docs/v5p               (topology table: cores, chips, hosts)
+#   https://cloud.google.com/tpu/docs/v5e               ("each TPU VM ... contains 1, 4 or 8 chips")
+#   https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus (single- vs multi-host)
+MULTI_HOST_CHIPS_PER_HOST = 4
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One TPU generation and how its accelerator type strings are built."""
+
+    name: str  # what users write: v4, v5e, v5p, v6e
+    api_prefix: str  # what the TPU API wants before `-N`
+    cores_per_chip: int  # N counts TensorCores for v4/v5p (2 per chip), chips for v5e/v6e
+    sizes: tuple[int, ...]  # valid N
+    single_host_max_chips: int  # largest slice that is one VM
+    runtime_version: str
+    zones: tuple[str, ...]
+
+
+# Runtime versions: https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX" table:
+#   v6e v2-alpha-tpuv6e, v5p v2-alpha-tpuv5, v5e v2-alpha-tpuv5-lite, v4 tpu-ubuntu2204-base).
+# Zones: https://cloud.google.com/tpu/docs/regions-zones (only zones read there are listed; add
+#   others here after checking that page).
+# Sizes: v4 https://cloud.google.com/tpu/docs/v4 and /tpu/docs/types-topologies (TensorCore-named,
+#   power-of-two slices); v5p https://cloud.google.com/tpu/docs/v5p (topology table, in cores);
+#   v5e https://cloud.google.com/tpu/docs/v5e (1x1 .. 16x16); v6e https://cloud.google.com/tpu/docs/v6e
+#   (256-chip pod, same 2D shapes as v5e).
+GENERATIONS: dict[str, Generation] = {
+    "v4": Generation(
+        name="v4",
+        api_prefix="v4",
+        cores_per_chip=2,
+        sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+        single_host_max_chips=4,
+        runtime_version="tpu-ubuntu2204-base",
+        zones=("us-central2-b",),
+    ),
+    "v5e": Generation(
+        name="v5e",
+        api_prefix="v5litepod",
+        cores_per_chip=1,
+        sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+        single_host_max_chips=8,
+        runtime_version="v2-alpha-tpuv5-lite",
+        zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"),
+    ),
+    "v5p": Generation(
+        name="v5p",
+        api_prefix="v5p",
+        cores_per_chip=2,
+        sizes=(8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288),
+        single_host_max_chips=4,
+        runtime_version="v2-alpha-tpuv5",
+        zones=("us-central1-a", "us-east5-a"),
+    ),
+    "v6e": Generation(
+        name="v6e",
+        api_prefix="v6e",
+        cores_per_chip=1,
+        sizes=(1, 4, 8, 16, 32, 64, 128, 256),
+        single_host_max_chips=8,
+        runtime_version="v2-alpha-tpuv6e",
+        zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
+    ),
+}
+
+# What users may write before `-N`, mapped to a generation (v5e is `v5litepod-N` in the API).
+PREFIX_TO_GENERATION: dict[str, str] = {
+    "v4": "v4",
+    "v5e": "v5e",
+    "v5litepod": "v5e",
+    "v5p": "v5p",
+    "v6e": "v6e",
+}
+
+_TYPE_PATTERN = re.compile(r"^(?P<prefix>[a-z0-9]+)-(?P<size>\d+)$")
+
+
+class CatalogError(ValueError):
+    """A type the catalog does not know; the message says what would be valid."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One slice shape, resolved."""
+
+    name: str  # canonical user-facing name, e.g. v5e-16
+    generation: Generation
+    size: int
+    chips: int
+    hosts: int
+    chips_per_host: int
+
+    @property
+    def api_type(self) -> str:
+        return f"{self.generation.api_prefix}-{self.size}"
+
+    @property
+    def default_runtime_version(self) -> str:
+        return self.generation.runtime_version
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return self.generation.zones
+
+
+def lookup(accelerator_type: str) -> Accelerator:
+    """Resolve `v4-32`, `v5e-16` or `v5litepod-16`; CatalogError names the valid choices."""
+    match = _TYPE_PATTERN.match(accelerator_type.strip().lower())
+    generation_name = PREFIX_TO_GENERATION.get(match["prefix"]) if match else None
+    if match is None or generation_name is None:
+        known = ", ".join(f"{g.name}-N" for g in GENERATIONS.values())
+        raise CatalogError(f"unknown accelerator type {accelerator_type!r}; use one of {known}")
+    generation = GENERATIONS[generation_name]
+    size = int(match["size"])
+    if size not in generation.sizes:
+        valid = ", ".join(f"{generation.name}-{n}" for n in generation.sizes)
+        raise CatalogError(
+            f"{accelerator_type} is not a {generation.name} slice size; use one of {valid}"
+        )
+    chips = max(1, size // generation.cores_per_chip)
+    single_host = chips <= generation.single_host_max_chips
+    chips_per_host = chips if single_host else MULTI_HOST_CHIPS_PER_HOST
+    return Accelerator(
+        name=f"{generation.name}-{size}",
+        generation=generation,
+        size=size,
+        chips=chips,
+        hosts=chips // chips_per_host,
+        chips_per_host=chips_per_host,
+    )
+
+
+# Runtime image families by generation, most specific prefix first (same runtimes page as above).
+RUNTIME_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("v2-alpha-tpuv5-lite", "v5e"),
+    ("v2-alpha-tpuv5", "v5p"),
+    ("v2-alpha-tpuv6e", "v6e"),
+    ("tpu-ubuntu2204-", "v4"),
+    ("tpu-vm-v4-", "v4"),
+)
+
+
+def generation_of_runtime(runtime_version: str) -> str | None:
+    """The generation a runtime image is built for; None for images the catalog cannot place."""
+    return next((g for p, g in RUNTIME_PREFIXES if runtime_version.startswith(p)), None)
+
+
+def generations_offering(zone: str) -> list[str]:
+    return [g.name for g in GENERATIONS.values() if zone in g.zones]

@@ -1,0 +1,123 @@
+"""Network: a private VPC for the workers, reachable only through IAP.
+
+Workers get no external IPs, so the subnet has Private Google Access (GCS, TPU APIs) and a Cloud
+NAT gives them PyPI and uv's Python downloads. Firewall: SSH only from IAP plus ranges the stack
+lists, everything between workers of this stack (JAX coordinator, DCN), nothing else inbound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.security import IAP_RANGE, LISTED_SSH_MARKER
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    name: str  # prefix for every child
+    region: str
+    subnet_cidr: str
+    worker_tag: str
+    ssh_source_ranges: tuple[str, ...] = ()
+    existing_network: str | None = None  # self link or name; with existing_subnet
+    existing_subnet: str | None = None
+
+
+class Network(pulumi.ComponentResource):
+    network: pulumi.Output[str]
+    subnetwork: pulumi.Output[str]
+
+    def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpupod:infra:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        if args.existing_network and args.existing_subnet:
+            self.network = pulumi.Output.from_input(args.existing_network)
+            self.subnetwork = pulumi.Output.from_input(args.existing_subnet)
+        else:
+            vpc = gcp.compute.Network(
+                f"{name}-vpc",
+                name=f"{args.name}-vpc",
+                auto_create_subnetworks=False,
+                description="tpupod workers (custom mode; no default subnets)",
+                opts=child,
+            )
+            subnet = gcp.compute.Subnetwork(
+                f"{name}-subnet",
+                name=f"{args.name}-subnet",
+                network=vpc.id,
+                region=args.region,
+                ip_cidr_range=args.subnet_cidr,
+                private_ip_google_access=True,
+                opts=child,
+            )
+            router = gcp.compute.Router(
+                f"{name}-router",
+                name=f"{args.name}-router",
+                network=vpc.id,
+                region=args.region,
+                opts=child,
+            )
+            gcp.compute.RouterNat(
+                f"{name}-nat",
+                name=f"{args.name}-nat",
+                router=router.name,
+                region=args.region,
+                nat_ip_allocate_option="AUTO_ONLY",
+                source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
+                subnetworks=[
+                    gcp.compute.RouterNatSubnetworkArgs(
+                        name=subnet.id, source_ip_ranges_to_nats=["ALL_IP_RANGES"]
+                    )
+                ],
+                log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"),
+                opts=child,
+            )
+            self.network = vpc.id
+            self.subnetwork = subnet.id
+
+        self._firewall(name, args, child)
+        self.register_outputs({"network": self.network, "subnetwork": self.subnetwork})
+
+    def _firewall(self, name: str, args: NetworkArgs, child: pulumi.ResourceOptions) -> None:
+        gcp.compute.Firewall(
+            f"{name}-ssh-iap",
+            name=f"{args.name}-ssh-iap",
+            network=self.network,
+            direction="INGRESS",
+            description="SSH to workers through IAP TCP forwarding only",
+            source_ranges=[IAP_RANGE],
+            target_tags=[args.worker_tag],
+            allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
+            opts=child,
+        )
+        if args.ssh_source_ranges:
+            gcp.compute.Firewall(
+                f"{name}-ssh-listed",
+                name=f"{args.name}-ssh-listed",
+                network=self.network,
+                direction="INGRESS",
+                description=f"{LISTED_SSH_MARKER}={','.join(args.ssh_source_ranges)}",
+                source_ranges=list(args.ssh_source_ranges),
+                target_tags=[args.worker_tag],
+                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
+                opts=child,
+            )
+        gcp.compute.Firewall(
+            f"{name}-internal",
+            name=f"{args.name}-internal",
+            network=self.network,
+            direction="INGRESS",
+            description="all traffic between workers of this slice (JAX coordinator, DCN)",
+            source_tags=[args.worker_tag],
+            target_tags=[args.worker_tag],
+            allows=[
+                gcp.compute.FirewallAllowArgs(protocol="tcp"),
+                gcp.compute.FirewallAllowArgs(protocol="udp"),
+                gcp.compute.FirewallAllowArgs(protocol="icmp"),
+            ],
+            opts=child,
+        )

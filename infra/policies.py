@@ -1,0 +1,272 @@
+"""Security rules as plain predicates over (resource type, wire properties, protect).
+
+The same functions back tests/infra (over mock registrations) and the pulumi-policy pack in
+`policy/` (over `pulumi preview`), so a rule cannot drift between the two. Properties use the
+engine's camelCase names. Opt-ins are visible on the resources themselves (a label or a firewall
+description written by the component that honours the stack's opt-in), so the pack needs no
+config of its own. Each rule returns the violations it finds; an empty list means it holds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infra.security import EXTERNAL_IPS_LABEL, IAP_RANGE, LISTED_SSH_MARKER, UNPROTECTED_LABEL
+
+TPU_VM = "gcp:tpu/v2Vm:V2Vm"
+FIREWALL = "gcp:compute/firewall:Firewall"
+BUCKET = "gcp:storage/bucket:Bucket"
+INSTANCE = "gcp:compute/instance:Instance"
+IAM_TYPES = {
+    "gcp:projects/iAMMember:IAMMember",
+    "gcp:projects/iAMBinding:IAMBinding",
+    "gcp:storage/bucketIAMMember:BucketIAMMember",
+    "gcp:storage/bucketIAMBinding:BucketIAMBinding",
+    "gcp:serviceaccount/iAMMember:IAMMember",
+    "gcp:serviceaccount/iAMBinding:IAMBinding",
+}
+PRIMITIVE_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
+DEFAULT_COMPUTE_SA = re.compile(r"-compute@developer\.gserviceaccount\.com$")
+OPEN_RANGES = {"0.0.0.0/0", "::/0"}
+SSH_PORT = 22
+
+# Metadata keys that name a secret, and values that have a known secret's shape. Shapes, not
+# words: a startup script may well say "token" while fetching one from the metadata server.
+SECRET_KEY = re.compile(r"(secret|passw|token|api[-_]?key|private[-_]?key|credential)", re.I)
+SECRET_VALUES = {
+    "PEM private key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    "service account key JSON": re.compile(r'"private_key"\s*:'),
+    "AWS access key id": re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    "Google API key": re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"),
+    "Google OAuth access token": re.compile(r"\bya29\.[0-9A-Za-z_-]{20,}"),
+    "GitHub token": re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"),
+    "Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
+    "Slack token": re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+    "literal password/secret assignment": re.compile(
+        r"(?i)\b\w*(password|passwd|secret|api_?key|access_?key)\w*\s*[:=]\s*['\"]?[A-Za-z0-9/+_.-]{12,}"
+    ),
+}
+
+Check = Callable[[str, Mapping[str, Any], bool], list[str]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    description: str
+    resource_types: frozenset[str]
+    check: Check  # (resource_type, props, protect) -> violations
+
+
+def _labels(props: Mapping[str, Any]) -> Mapping[str, Any]:
+    return props.get("labels") or {}
+
+
+def _opted_in(props: Mapping[str, Any], label: tuple[str, str]) -> bool:
+    return _labels(props).get(label[0]) == label[1]
+
+
+def _network_configs(props: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    single = props.get("networkConfig")
+    return ([single] if single else []) + list(props.get("networkConfigs") or [])
+
+
+def no_external_ips(resource_type: str, props: Mapping[str, Any], protect: bool) -> list[str]:
+    wants_external = any(c.get("enableExternalIps") for c in _network_configs(props))
+    if wants_external and not _opted_in(props, EXTERNAL_IPS_LABEL):
+        return ["TPU workers get external IPs without the stack opting in (enableExternalIps)"]
+    return []
+
+
+def _is_ingress(props: Mapping[str, Any]) -> bool:
+    return (props.get("direction") or "INGRESS").upper() == "INGRESS"
+
+
+def _source_ranges(props: Mapping[str, Any]) -> list[str]:
+    return [str(r) for r in props.get("sourceRanges") or []]
+
+
+def no_open_ingress(resource_type: str, props: Mapping[str, Any], protect: bool) -> list[str]:
+    if not _is_ingress(props):
+        return []
+    ranges = _source_ranges(props)
+    if not ranges and not props.get("sourceTags") and not props.get("sourceServiceAccounts"):
+        return ["ingress rule without any source applies to 0.0.0.0/0"]
+    opened = sorted(OPEN_RANGES.intersection(ranges))
+    return [f"ingress from {r} (the whole internet)" for r in opened]
+
+
+def _port_matches(ports: Iterable[str], port: int) -> bool:
+    for spec in ports:
+        low, _, high = str(spec).partition("-")
+        if int(low) <= port <= int(high or low):
+            return True
+    return False
+
+
+def _allows_ssh(props: Mapping[str, Any]) -> bool:
+    for allow in props.get("allows") or []:
+        protocol = str(allow.get("protocol", "")).lower()
+        ports = allow.get("ports") or []
+        if protocol in ("tcp", "all", "6") and (not ports or _port_matches(ports, SSH_PORT)):
+            return True
+    return False
+
+
+def _listed_ranges(props: Mapping[str, Any]) -> set[str] | None:
+    description = str(props.get("description") or "")
+    if not description.startswith(f"{LISTED_SSH_MARKER}="):
+        return None
+    listed = description.split("=", 1)[1]
+    return {r for r in listed.split(",") if r}
+
+
+def ssh_only_from_iap_or_listed(
+    resource_type: str, props: Mapping[str, Any], protect: bool
+) -> list[str]:
+    if not _is_ingress(props) or not _allows_ssh(props):
+        return []
+    ranges = set(_source_ranges(props))
+    allowed = {IAP_RANGE} | (_listed_ranges(props) or set())
+    violations = [
+        f"SSH allowed from {r}, which is neither IAP nor listed" for r in sorted(ranges - allowed)
+    ]
+    for cidr in sorted(ranges & allowed - {IAP_RANGE}):
+        if ipaddress.ip_network(cidr, strict=False).prefixlen == 0:
+            violations.append(f"listed SSH range {cidr} is the whole internet")
+    return violations
+
+
+def _role_members(props: Mapping[str, Any]) -> list[str]:
+    members = list(props.get("members") or [])
+    return members + ([props["member"]] if props.get("member") else [])
+
+
+def no_primitive_roles(resource_type: str, props: Mapping[str, Any], protect: bool) -> list[str]:
+    role = str(props.get("role") or "")
+    return (
+        [f"primitive role {role}; grant a predefined role instead"]
+        if role in PRIMITIVE_ROLES
+        else []
+    )
+
+
+def not_default_compute_sa(
+    resource_type: str, props: Mapping[str, Any], protect: bool
+) -> list[str]:
+    if resource_type in (TPU_VM, INSTANCE):
+        accounts = props.get("serviceAccount")
+        accounts = [accounts] if isinstance(accounts, Mapping) else list(accounts or [])
+        emails = [str(a.get("email") or "") for a in accounts]
+        if not emails or not all(emails):
+            return ["no service account email: the default compute service account would be used"]
+        return [
+            f"runs as the default compute service account {e}"
+            for e in emails
+            if DEFAULT_COMPUTE_SA.search(e)
+        ]
+    return [
+        f"grants a role to the default compute service account ({m})"
+        for m in _role_members(props)
+        if DEFAULT_COMPUTE_SA.search(str(m))
+    ]
+
+
+def bucket_uniform_and_private(
+    resource_type: str, props: Mapping[str, Any], protect: bool
+) -> list[str]:
+    violations = []
+    if props.get("uniformBucketLevelAccess") is not True:
+        violations.append("bucket without uniform bucket-level access")
+    if props.get("publicAccessPrevention") != "enforced":
+        violations.append("bucket without public access prevention `enforced`")
+    return violations
+
+
+def bucket_protected(resource_type: str, props: Mapping[str, Any], protect: bool) -> list[str]:
+    if _opted_in(props, UNPROTECTED_LABEL):
+        return []
+    violations = [] if protect else ["bucket not protected (protect=True) and no opt-out label"]
+    if props.get("forceDestroy"):
+        violations.append("bucket has force_destroy set")
+    return violations
+
+
+def no_secrets_in_metadata(
+    resource_type: str, props: Mapping[str, Any], protect: bool
+) -> list[str]:
+    metadata = props.get("metadata") or {}
+    violations = [
+        f"metadata key {k!r} looks like a secret" for k in metadata if SECRET_KEY.search(str(k))
+    ]
+    for key, value in metadata.items():
+        for what, pattern in SECRET_VALUES.items():
+            if pattern.search(str(value)):
+                violations.append(f"metadata {key!r} contains a {what}")
+    return violations
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "tpupod-no-external-ips",
+        "TPU workers have no external IPs unless the stack opts in",
+        frozenset({TPU_VM}),
+        no_external_ips,
+    ),
+    Rule(
+        "tpupod-no-open-ingress",
+        "No firewall ingress from 0.0.0.0/0",
+        frozenset({FIREWALL}),
+        no_open_ingress,
+    ),
+    Rule(
+        "tpupod-ssh-iap-or-listed",
+        "SSH only from the IAP range or ranges the stack lists",
+        frozenset({FIREWALL}),
+        ssh_only_from_iap_or_listed,
+    ),
+    Rule(
+        "tpupod-no-primitive-roles",
+        "No owner/editor/viewer grants",
+        frozenset(IAM_TYPES),
+        no_primitive_roles,
+    ),
+    Rule(
+        "tpupod-not-default-compute-sa",
+        "Never the default compute service account",
+        frozenset({TPU_VM, INSTANCE} | IAM_TYPES),
+        not_default_compute_sa,
+    ),
+    Rule(
+        "tpupod-bucket-uniform-private",
+        "Buckets use uniform access and enforced public access prevention",
+        frozenset({BUCKET}),
+        bucket_uniform_and_private,
+    ),
+    Rule(
+        "tpupod-bucket-protected",
+        "The checkpoint bucket is protected and never force-destroyed",
+        frozenset({BUCKET}),
+        bucket_protected,
+    ),
+    Rule(
+        "tpupod-no-secrets-in-metadata",
+        "No secret-looking keys or values in VM metadata",
+        frozenset({TPU_VM, INSTANCE}),
+        no_secrets_in_metadata,
+    ),
+)
+
+
+def violations(resource_type: str, props: Mapping[str, Any], protect: bool = False) -> list[str]:
+    """Every rule that applies to this resource, as `rule-name: message` lines."""
+    return [
+        f"{rule.name}: {message}"
+        for rule in RULES
+        if resource_type in rule.resource_types
+        for message in rule.check(resource_type, props, protect)
+    ]

@@ -1,0 +1,241 @@
+"""The pod controller daemon: `python -m localpod.controller POD_DIR`.
+
+One long-lived process owns everything a pod runs (the emulator, the metadata server, the worker
+agents) so that separate CLI calls share one pod and `down` has one thing to stop. It is a
+child subreaper too: orphans of a worker agent that died come back to it and are cleaned up.
+CLI calls reach it over a loopback JSON API; `localpod.pod.LocalPod` is its client.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from infra import metadata
+from infra.bundle_archive import build_bundle
+from localpod import procs, storage
+from localpod.environment import worker_attributes
+from localpod.metadata_server import MetadataServer, MetadataStore
+from localpod.slice import Slice
+from localpod.sshserver import generate_keys
+from localpod.state import PodError, PodPaths, read_json, write_json
+
+UPKEEP_INTERVAL_S = 0.25
+
+
+def _log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}", flush=True)
+
+
+def choose_subnet(pod_dir: Path) -> int:
+    """A 127.0.K.0/24 with no listener yet; the search starts at a hash of the pod dir."""
+    taken = {int(ip.split(".")[2]) for ip, _ in procs.listening() if ip.startswith("127.0.")}
+    start = zlib.crc32(str(pod_dir).encode()) % 250
+    for step in range(250):
+        k = 2 + (start + step) % 250
+        if k not in taken:
+            return k
+    raise PodError("no free 127.0.K.0/24 subnet for the pod")
+
+
+def choose_layout(paths: PodPaths, config: dict) -> dict:
+    k = choose_subnet(paths.root)
+    addresses = [f"127.0.{k}.{i + 1}" for i in range(config["workers"])]
+    emulator_port = procs.free_port("127.0.0.1")
+    return {
+        "subnet": k,
+        "addresses": addresses,
+        "ssh_ports": [procs.free_port(address) for address in addresses],
+        "metadata_port": procs.free_port_on_all(addresses),
+        "coordinator_port": procs.free_port("0.0.0.0"),  # JAX's coordinator binds all addresses
+        "emulator_port": emulator_port,
+        "emulator_url": f"http://127.0.0.1:{emulator_port}",
+        "user": getpass.getuser(),
+        "devices_per_worker": config["devices_per_worker"],
+    }
+
+
+class Controller:
+    def __init__(self, paths: PodPaths, config: dict) -> None:
+        self.paths = paths
+        self.config = config
+        self.stop = threading.Event()
+        self.layout = choose_layout(paths, config)
+        self.emulator = None
+        self.metadata: MetadataServer | None = None
+        self.api: ThreadingHTTPServer | None = None
+        self.slice: Slice | None = None
+
+    def render_attributes(self) -> dict[int, dict[str, str]]:
+        """Build and upload the bundle, read the startup script: what `pulumi up` would do."""
+        bundle = build_bundle()
+        storage.upload_bundle(self.layout["emulator_url"], self.config["bucket"], bundle)
+        script = self.config.get("startup_script")
+        if script is None:
+            try:
+                script = metadata.startup_script()
+            except FileNotFoundError:
+                raise PodError(f"{metadata.STARTUP_SCRIPT_PATH} is missing") from None
+        return worker_attributes(
+            addresses=self.layout["addresses"],
+            bucket=self.config["bucket"],
+            bundle=bundle,
+            stack=self.config["stack"],
+            trainer_args=self.config["trainer_args"],
+            coordinator_port=self.layout["coordinator_port"],
+            devices_per_worker=self.config["devices_per_worker"],
+            script=script,
+        )
+
+    def kill_strays(self) -> None:
+        """Kill our descendants that are neither the emulator's tree nor a live worker agent's."""
+        keep = {self.emulator.pid} if self.emulator else set()
+        keep |= self.slice.agent_pids() if self.slice else set()
+        everything = procs.all_procs()
+        kept = set(keep)
+        for pid in keep:
+            kept |= {p.pid for p in procs.descendants(pid, everything)}
+        strays = [p for p in procs.descendants(os.getpid(), everything) if p.pid not in kept]
+        procs.send(strays, signal.SIGKILL)
+
+    def start(self) -> None:
+        generate_keys(self.paths.client_key, self.paths.host_key)
+        bucket = self.config["bucket"]
+        self.emulator = storage.start_emulator(
+            self.layout["emulator_port"], bucket, self.paths.storage, self.paths.emulator_log
+        )
+        store = MetadataStore()
+        self.metadata = MetadataServer(
+            self.layout["addresses"], self.layout["metadata_port"], store
+        )
+        self.metadata.start()
+        self.slice = Slice(self.paths, self.layout, store, self.render_attributes, self.kill_strays)
+        self.api = ThreadingHTTPServer(("127.0.0.1", 0), _ApiHandler)
+        self.api.daemon_threads = True
+        self.api.controller = self  # type: ignore[attr-defined]
+        threading.Thread(target=self.api.serve_forever, kwargs={"poll_interval": 0.2}).start()
+        storage.wait_ready(self.emulator, self.layout["emulator_url"], bucket)
+        pod = {
+            **self.layout,
+            "pod_dir": str(self.paths.root),
+            "control_port": self.api.server_address[1],
+            "controller_pid": os.getpid(),
+            "controller_start": procs.start_time(os.getpid()),
+            "emulator_pid": self.emulator.pid,
+            "emulator_start": procs.start_time(self.emulator.pid),
+            "bucket": bucket,
+            "stack": self.config["stack"],
+            "client_key": str(self.paths.client_key),
+        }
+        write_json(self.paths.pod, pod)
+        _log(f"pod up: control 127.0.0.1:{pod['control_port']}, workers {self.layout['addresses']}")
+
+    def run(self) -> None:
+        while not self.stop.wait(UPKEEP_INTERVAL_S):
+            self.slice.check_agents()
+            keep = {self.emulator.pid} | self.slice.agent_pids()
+            procs.reap_zombies(skip=keep)
+
+    def close(self) -> None:
+        """Everything this process started, stopped by pid; safe after a partial start."""
+        _log("shutting down")
+        if self.slice:
+            self.slice.shutdown()
+        if self.api:
+            self.api.shutdown()
+            self.api.server_close()
+        if self.metadata:
+            self.metadata.stop()
+        if self.emulator and self.emulator.poll() is None:
+            procs.kill_tree(self.emulator.pid, include_root=False, grace=0)
+            self.emulator.terminate()
+            try:
+                self.emulator.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - last resort below
+                self.emulator.kill()
+                self.emulator.wait(timeout=5)
+        self.kill_strays()
+        _log("stopped")
+        pod = read_json(self.paths.pod)
+        if pod and pod.get("controller_pid") == os.getpid():
+            self.paths.pod.unlink(missing_ok=True)
+
+
+class _ApiHandler(BaseHTTPRequestHandler):
+    """describe (GET), create / delete / preempt / crash / hang / shutdown (POST)."""
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002
+        pass
+
+    def _reply(self, code: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        ctl: Controller = self.server.controller  # type: ignore[attr-defined]
+        if urlsplit(self.path).path == "/describe":
+            return self._reply(200, {**ctl.slice.describe(), "pod": read_json(ctl.paths.pod)})
+        self._reply(404, {"error": f"no such endpoint {self.path}"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        ctl: Controller = self.server.controller  # type: ignore[attr-defined]
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        actions = {
+            "/create": lambda: ctl.slice.create(),
+            "/delete": lambda: ctl.slice.delete(),
+            "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "30"))),
+            "/crash": lambda: {
+                "pid": ctl.slice.signal_trainer(int(query["worker"]), signal.SIGKILL)
+            },
+            "/hang": lambda: {
+                "pid": ctl.slice.signal_trainer(int(query["worker"]), signal.SIGSTOP)
+            },
+            "/shutdown": ctl.stop.set,
+        }
+        action = actions.get(url.path)
+        if action is None:
+            return self._reply(404, {"error": f"no such endpoint {url.path}"})
+        try:
+            result = action() or {}
+        except (PodError, KeyError, ValueError, OSError) as err:
+            return self._reply(409, {"error": str(err)})
+        self._reply(200, {**result, **ctl.slice.describe()})
+
+
+def main(pod_dir: str) -> int:
+    paths = PodPaths(Path(pod_dir).resolve())
+    config = read_json(paths.config)
+    if config is None:
+        print(f"controller: no {paths.config}", file=sys.stderr)
+        return 2
+    procs.set_subreaper()
+    controller = Controller(paths, config)
+    signal.signal(signal.SIGTERM, lambda *_: controller.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: controller.stop.set())
+    try:
+        controller.start()
+        controller.run()
+    except Exception as err:  # noqa: BLE001 - logged for `up` to report in one line
+        _log(f"error: {type(err).__name__}: {err}")
+        return 1
+    finally:
+        controller.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

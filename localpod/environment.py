@@ -1,0 +1,121 @@
+"""What a local worker sees: its environment variables and its metadata attributes.
+
+The environment is what a TPU VM would give a login or the startup script, plus the standard
+variables that point GCS clients at the emulator; the trainer never learns it runs locally.
+Metadata comes from `infra.metadata`, the same functions the Pulumi program calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from infra import metadata
+from infra.bundle_archive import Bundle
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Passed through from the operator: locale and terminal only, never their venv or credentials.
+_PASS_THROUGH = ("LANG", "LC_ALL", "TERM", "TZ", "USER", "LOGNAME")
+
+
+@functools.cache
+def uv_executable() -> Path | None:
+    """The real uv binary (resolving pyenv-style shims, which need the operator's shell setup)."""
+    found = shutil.which("uv")
+    if found and "/shims/" in found:
+        try:
+            out = subprocess.run(
+                ["pyenv", "which", "uv"], capture_output=True, text=True, timeout=10, check=True
+            )
+            found = out.stdout.strip() or found
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return Path(found).resolve() if found else None
+
+
+@functools.cache
+def _uv_dir(kind: str) -> str | None:
+    uv = uv_executable()
+    if uv is None:
+        return None
+    try:
+        out = subprocess.run([str(uv), kind, "dir"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def uv_settings() -> dict[str, str]:
+    """Share the operator's uv cache and Python installs, so worker installs are warm."""
+    settings = {}
+    if cache := _uv_dir("cache"):
+        settings["UV_CACHE_DIR"] = cache
+    if python_dir := _uv_dir("python"):
+        settings["UV_PYTHON_INSTALL_DIR"] = python_dir
+    return settings
+
+
+def worker_env(
+    *, home: Path, metadata_host: str, emulator_url: str, devices_per_worker: int
+) -> dict[str, str]:
+    uv = uv_executable()
+    path = f"{uv.parent}:{SYSTEM_PATH}" if uv else SYSTEM_PATH
+    env = {k: os.environ[k] for k in _PASS_THROUGH if k in os.environ}
+    env.update(
+        {
+            "HOME": str(home),
+            "PATH": path,
+            "SHELL": "/bin/bash",
+            "TPUPOD_ROOT": str(home / "tpupod"),
+            "TPUPOD_LOCAL_POD": "1",
+            "GCE_METADATA_HOST": metadata_host,
+            "STORAGE_EMULATOR_HOST": emulator_url,
+            "TENSORSTORE_GCS_HTTP_URL": emulator_url,
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "abc",
+            "FSSPEC_GCS_TOKEN": "anon",
+            "NO_GCE_CHECK": "true",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_worker}",
+            **uv_settings(),
+        }
+    )
+    return env
+
+
+def accelerator_type(workers: int, devices_per_worker: int) -> str:
+    """Shaped like `v4-32` (generation-cores) so parsers of the real value still work."""
+    return f"cpu-{workers * devices_per_worker}"
+
+
+def worker_attributes(
+    *,
+    addresses: list[str],
+    bucket: str,
+    bundle: Bundle,
+    stack: str,
+    trainer_args: str,
+    coordinator_port: int,
+    devices_per_worker: int,
+    script: str | None,
+) -> dict[int, dict[str, str]]:
+    """`instance/attributes/*` for each worker: the Pulumi program's keys plus GCE's own."""
+    common = metadata.worker_metadata(
+        bucket=bucket,
+        bundle_object=bundle.object_name,
+        bundle_sha256=bundle.sha256,
+        stack=stack,
+        trainer_args=trainer_args,
+        uv_group="",
+        coordinator_port=coordinator_port,
+        script=script,
+    )
+    common[metadata.WORKER_NETWORK_ENDPOINTS] = metadata.network_endpoints_value(addresses)
+    common[metadata.ACCELERATOR_TYPE] = accelerator_type(len(addresses), devices_per_worker)
+    return {
+        index: {**common, metadata.AGENT_WORKER_NUMBER: str(index)}
+        for index in range(len(addresses))
+    }

@@ -1,0 +1,239 @@
+"""`LocalPod`: the importable pod API (what the CLI, the ops provider and tests call).
+
+`up` starts the controller daemon and returns once the slice is READY; every other call is a
+loopback HTTP request to that daemon, so separate processes share one pod through its directory.
+
+    with LocalPod(tmp_path / "pod", workers=2, startup_script=Path("boot.sh")) as pod:
+        pod.describe().workers[0].host
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localpod import procs
+from localpod.state import (
+    PROJECT_ROOT,
+    PodError,
+    PodNotUp,
+    PodPaths,
+    default_pod_dir,
+    read_json,
+    write_json,
+)
+from ops.provider import SliceState
+
+DEFAULT_TRAINER_ARGS = "--config tiny --steps 200"
+DEFAULT_BUCKET = "tpupod-local"
+STACK = "local"
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    index: int
+    host: str
+    port: int
+    user: str
+    key_filename: str
+    agent_pid: int | None = None
+    alive: bool = False
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    state: SliceState
+    health: str | None = None
+    detail: str | None = None
+    preempted: bool = False
+    workers: list[WorkerInfo] = field(default_factory=list)
+    pod: dict = field(default_factory=dict)  # pod.json: ports, pids, bucket, emulator_url, ...
+
+
+class LocalPod:
+    def __init__(
+        self,
+        pod_dir: Path | str | None = None,
+        *,
+        workers: int = 2,
+        devices_per_worker: int = 2,
+        startup_script: Path | str | None = None,
+        trainer_args: str = DEFAULT_TRAINER_ARGS,
+        bucket: str = DEFAULT_BUCKET,
+        stack: str = STACK,
+    ) -> None:
+        """`startup_script`: a Path is read, a str is the script itself, None is
+        infra.metadata.startup_script() (re-read at every create, like `pulumi up` would)."""
+        self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
+        self.workers = workers
+        self.devices_per_worker = devices_per_worker
+        self.startup_script = startup_script
+        self.trainer_args = trainer_args
+        self.bucket = bucket
+        self.stack = stack
+        self._controller: subprocess.Popen | None = None
+
+    # -- daemon ------------------------------------------------------------------------------
+    def _pod(self) -> dict | None:
+        return read_json(self.paths.pod)
+
+    def is_up(self) -> bool:
+        pod = self._pod()
+        return bool(pod and procs.alive(pod["controller_pid"], pod["controller_start"]))
+
+    def _request(self, method: str, path: str, timeout: float = 10.0) -> dict:
+        pod = self._pod()
+        if not pod or not procs.alive(pod["controller_pid"], pod["controller_start"]):
+            raise PodNotUp(f"no local pod is up in {self.paths.root} (run `tpupod local up`)")
+        url = f"http://127.0.0.1:{pod['control_port']}{path}"
+        request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            raise PodError(json.loads(err.read() or b"{}").get("error", str(err))) from None
+        except (urllib.error.URLError, OSError) as err:
+            raise PodNotUp(
+                f"local pod controller in {self.paths.root} not answering: {err}"
+            ) from None
+
+    def up(self, timeout: float = 180.0, progress: Callable[[str], None] | None = None) -> PodInfo:
+        """Start the controller, create the slice, return once it is READY; clean up on failure."""
+        note = progress or (lambda _msg: None)
+        if self.is_up():
+            raise PodError(f"a local pod is already up in {self.paths.root} (`tpupod local down`)")
+        self.down()  # leftovers of a pod whose controller died
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.paths.storage, ignore_errors=True)  # a fresh bucket per pod
+        script = self.startup_script
+        write_json(
+            self.paths.config,
+            {
+                "workers": self.workers,
+                "devices_per_worker": self.devices_per_worker,
+                "trainer_args": self.trainer_args,
+                "bucket": self.bucket,
+                "stack": self.stack,
+                "startup_script": script.read_text() if isinstance(script, Path) else script,
+            },
+        )
+        try:
+            note("starting controller, storage emulator, metadata server")
+            self._start_controller(deadline=time.monotonic() + timeout)
+            note(f"creating a {self.workers}-worker slice")
+            return self.create(wait=True, timeout=timeout)
+        except BaseException:
+            self.down()
+            raise
+
+    def _start_controller(self, deadline: float) -> None:
+        with self.paths.controller_log.open("wb") as log:
+            self._controller = subprocess.Popen(
+                [sys.executable, "-m", "localpod.controller", str(self.paths.root)],
+                cwd=PROJECT_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        while (pod := self._pod()) is None or pod.get("controller_pid") != self._controller.pid:
+            if self._controller.poll() is not None or time.monotonic() > deadline:
+                lines = self.paths.controller_log.read_text().strip().splitlines() or ["no output"]
+                raise PodError(f"pod controller failed: {lines[-1]} ({self.paths.controller_log})")
+            time.sleep(0.05)
+
+    def down(self) -> bool:
+        """Stop everything the pod started, by pid; True when something was running."""
+        pod = self._pod()
+        if pod is None:
+            return False
+        pid, start = pod["controller_pid"], pod["controller_start"]
+        if procs.alive(pid, start):
+            with contextlib.suppress(PodError):
+                self._request("POST", "/shutdown", timeout=5)
+            if not procs.wait_gone(pid, start, timeout=30):
+                procs.kill_tree(pid, include_root=True)
+        # A controller that died without cleaning up leaves its children behind: find them.
+        if procs.alive(pod["emulator_pid"], pod["emulator_start"]):
+            procs.kill_tree(pod["emulator_pid"], include_root=True)
+        for ready in self.paths.root.glob("workers/*/ready"):
+            with contextlib.suppress(ValueError, OSError):
+                agent = int(ready.read_text())
+                cmdline = Path(f"/proc/{agent}/cmdline").read_bytes()
+                if str(ready.with_name("agent.json")).encode() in cmdline:
+                    procs.kill_tree(agent, include_root=True)
+        if self._controller is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._controller.wait(timeout=5)
+            self._controller = None
+        self.paths.pod.unlink(missing_ok=True)
+        return True
+
+    # -- slice -------------------------------------------------------------------------------
+    def describe(self) -> PodInfo:
+        return _info(self._request("GET", "/describe", timeout=5))
+
+    def wait_for(self, states: set[SliceState], timeout: float) -> PodInfo:
+        deadline = time.monotonic() + timeout
+        while (info := self.describe()).state not in states:
+            if time.monotonic() > deadline:
+                raise PodError(f"slice still {info.state} after {timeout:.0f} s")
+            time.sleep(0.1)
+        return info
+
+    def create(self, wait: bool = True, timeout: float = 180.0) -> PodInfo:
+        info = _info(self._request("POST", "/create"))
+        if not wait:
+            return info
+        info = self.wait_for({SliceState.READY, SliceState.TERMINATED}, timeout)
+        if info.state != SliceState.READY:
+            raise PodError(info.detail or f"slice is {info.state}")
+        return info
+
+    def delete(self, wait: bool = True, timeout: float = 60.0) -> PodInfo:
+        info = _info(self._request("POST", "/delete"))
+        return self.wait_for({SliceState.MISSING}, timeout) if wait else info
+
+    def recreate(self, wait: bool = True) -> PodInfo:
+        if self.describe().state != SliceState.MISSING:
+            self.delete(wait=True)
+        return self.create(wait=wait)
+
+    def preempt(self, notice: float = 30.0, wait: bool = True) -> PodInfo:
+        info = _info(self._request("POST", f"/preempt?notice={notice}"))
+        return self.wait_for({SliceState.PREEMPTED}, notice + 30) if wait else info
+
+    def crash(self, worker: int) -> int:
+        """SIGKILL worker's trainer (the pid in $TPUPOD_ROOT/trainer.pid); returns that pid."""
+        return self._request("POST", f"/crash?worker={worker}")["pid"]
+
+    def hang(self, worker: int) -> int:
+        """SIGSTOP worker's trainer; returns its pid."""
+        return self._request("POST", f"/hang?worker={worker}")["pid"]
+
+    def __enter__(self) -> LocalPod:
+        self.up()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+
+def _info(raw: dict) -> PodInfo:
+    return PodInfo(
+        state=SliceState.parse(raw["state"]),
+        health=raw.get("health"),
+        detail=raw.get("detail"),
+        preempted=bool(raw.get("preempted")),
+        workers=[WorkerInfo(**w) for w in raw.get("workers", [])],
+        pod=raw.get("pod") or {},
+    )

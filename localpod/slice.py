@@ -1,0 +1,270 @@
+"""The slice's lifecycle, played like the TPU API: create, delete, preempt, plus fault injection.
+
+Long operations (create, delete, preempt) run in a background thread and return at once, as the
+TPU API's long-running operations do; callers poll `describe()`, which only reads fields and
+never walks /proc, so ops can poll it twice a second.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from localpod import procs
+from localpod.environment import worker_env
+from localpod.metadata_server import MetadataStore
+from localpod.state import PodError, PodPaths, check_transition, write_json
+from ops.provider import SliceState
+
+CREATE_TIMEOUT_S = 90.0
+DELETE_GRACE_S = 3.0
+
+
+@dataclass
+class Agent:
+    index: int
+    popen: subprocess.Popen
+    start: int | None
+
+
+class Slice:
+    def __init__(
+        self,
+        paths: PodPaths,
+        layout: dict,
+        store: MetadataStore,
+        render_attributes: Callable[[], dict[int, dict[str, str]]],
+        kill_strays: Callable[[], None],
+    ) -> None:
+        self.paths = paths
+        self.layout = layout
+        self.store = store
+        self._render = render_attributes
+        self._kill_strays = kill_strays
+        self._lock = threading.RLock()  # guards the fields below
+        self._op = threading.Lock()  # one long operation at a time
+        self.state = SliceState.MISSING
+        self.health: str | None = None
+        self.detail: str | None = "not created"
+        self._agents: dict[int, Agent] = {}
+        self._busy = False  # preempting or deleting: agents dying is expected
+
+    # -- reading -----------------------------------------------------------------------------
+    def describe(self) -> dict:
+        with self._lock:
+            workers = []
+            if self.state != SliceState.MISSING:
+                for index, address in enumerate(self.layout["addresses"]):
+                    agent = self._agents.get(index)
+                    workers.append(
+                        {
+                            "index": index,
+                            "host": address,
+                            "port": self.layout["ssh_ports"][index],
+                            "user": self.layout["user"],
+                            "key_filename": str(self.paths.client_key),
+                            "agent_pid": agent.popen.pid if agent else None,
+                            "alive": bool(agent and agent.popen.poll() is None),
+                        }
+                    )
+            return {
+                "state": str(self.state),
+                "health": self.health,
+                "detail": self.detail,
+                "preempted": self.store.preempted,
+                "workers": workers,
+            }
+
+    def agent_pids(self) -> set[int]:
+        with self._lock:
+            return {a.popen.pid for a in self._agents.values()}
+
+    def _set(self, new: SliceState, health: str | None = None, detail: str | None = None):
+        with self._lock:
+            check_transition(self.state, new)
+            self.state, self.health, self.detail = new, health, detail
+
+    def _begin(self, new: SliceState, allowed_from: set[SliceState], what: str) -> None:
+        with self._lock:
+            if self.state not in allowed_from or self._op.locked():
+                busy = " (an operation is running)" if self._op.locked() else ""
+                raise PodError(f"cannot {what}: slice is {self.state}{busy}")
+            self._set(new, detail=f"{what} in progress")
+
+    def _in_background(self, target: Callable[[], None]) -> None:
+        def run() -> None:
+            with self._op:
+                target()
+
+        threading.Thread(target=run, daemon=True).start()
+
+    # -- create ------------------------------------------------------------------------------
+    def create(self) -> None:
+        self._begin(SliceState.CREATING, {SliceState.MISSING}, "create")
+        self._in_background(self._create)
+
+    def _create(self) -> None:
+        try:
+            attributes = self._render()
+            hostnames = {i: f"tpupod-local-w-{i}" for i in attributes}
+            self.store.set_attributes(attributes, hostnames)
+            self.store.set_preempted(False)
+            for index in range(len(self.layout["addresses"])):
+                self._spawn_agent(index)
+            self._wait_ready()
+        except Exception as err:  # noqa: BLE001 - any failure ends creation, reported in describe
+            self._stop_agents(grace=0)
+            with self._lock:
+                self._set(SliceState.TERMINATED, detail=f"create failed: {err}")
+            return
+        with self._lock:
+            self._set(SliceState.READY, health="HEALTHY", detail=None)
+
+    def _spawn_agent(self, index: int) -> None:
+        """A fresh disk (wiped worker dir), its authorized_keys, then the agent process."""
+        worker_dir = self.paths.worker(index)
+        shutil.rmtree(worker_dir, ignore_errors=True)
+        home = self.paths.home(index)
+        (home / ".ssh").mkdir(parents=True)
+        authorized = home / ".ssh" / "authorized_keys"
+        shutil.copyfile(self.paths.client_key.with_name("id_ed25519.pub"), authorized)
+        address = self.layout["addresses"][index]
+        config = {
+            "index": index,
+            "address": address,
+            "ssh_port": self.layout["ssh_ports"][index],
+            "home": str(home),
+            "worker_dir": str(worker_dir),
+            "host_key": str(self.paths.host_key),
+            "authorized_keys": str(authorized),
+            "ready_file": str(self.paths.agent_ready(index)),
+            "env": worker_env(
+                home=home,
+                metadata_host=f"{address}:{self.layout['metadata_port']}",
+                emulator_url=self.layout["emulator_url"],
+                devices_per_worker=self.layout["devices_per_worker"],
+            ),
+        }
+        write_json(self.paths.agent_config(index), config)
+        with (worker_dir / "agent.log").open("ab") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "localpod.worker", str(self.paths.agent_config(index))],
+                cwd=home,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        with self._lock:
+            self._agents[index] = Agent(index, popen, procs.start_time(popen.pid))
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + CREATE_TIMEOUT_S
+        pending = set(self._agents)
+        while pending:
+            for index in list(pending):
+                agent = self._agents[index]
+                if agent.popen.poll() is not None:
+                    log = self.paths.worker(index) / "agent.log"
+                    raise PodError(f"worker {index} agent exited {agent.popen.returncode}; {log}")
+                if self.paths.agent_ready(index).exists():
+                    pending.discard(index)
+            if time.monotonic() > deadline:
+                raise PodError(f"workers {sorted(pending)} not up after {CREATE_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+
+    # -- delete ------------------------------------------------------------------------------
+    def delete(self) -> None:
+        allowed = {SliceState.CREATING, SliceState.READY, SliceState.PREEMPTED}
+        self._begin(SliceState.DELETING, allowed | {SliceState.TERMINATED}, "delete")
+        with self._lock:
+            self._busy = True
+        self._in_background(self._delete)
+
+    def _delete(self) -> None:
+        self._stop_agents(grace=DELETE_GRACE_S)
+        self.store.set_preempted(False)
+        with self._lock:
+            self._busy = False
+            self._set(SliceState.MISSING, detail="deleted")
+
+    def _stop_agents(self, grace: float) -> None:
+        """SIGTERM every worker process, SIGKILL what is left after `grace`, then the agents."""
+        with self._lock:
+            agents = list(self._agents.values())
+        for agent in agents:
+            procs.send(procs.descendants(agent.popen.pid), signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(
+            procs.descendants(a.popen.pid) for a in agents if a.popen.poll() is None
+        ):
+            time.sleep(0.1)
+        for agent in agents:
+            if agent.popen.poll() is None:
+                procs.kill_tree(agent.popen.pid, include_root=True)
+            agent.popen.wait(timeout=10)
+        self._kill_strays()  # orphans of agents that died early were re-parented to us
+
+    # -- faults ------------------------------------------------------------------------------
+    def preempt(self, notice: float) -> None:
+        with self._lock:
+            if self.state != SliceState.READY or self._op.locked():
+                raise PodError(f"cannot preempt: slice is {self.state}")
+            self._busy = True
+            self.store.set_preempted(True)
+            self.health, self.detail = "UNHEALTHY_MAINTENANCE", f"preemption notice {notice:g} s"
+        self._in_background(lambda: self._preempt(notice))
+
+    def _preempt(self, notice: float) -> None:
+        self._stop_agents(grace=notice)
+        with self._lock:
+            self._busy = False
+            self._set(SliceState.PREEMPTED, detail=f"notice was {notice:g} s")
+
+    def signal_trainer(self, index: int, sig: int) -> int:
+        """SIGKILL (crash) or SIGSTOP (hang) worker `index`'s trainer: the pid in trainer.pid."""
+        with self._lock:
+            agent = self._agents.get(index)
+            if self.state != SliceState.READY or agent is None:
+                raise PodError(f"slice is {self.state}; no worker {index} to act on")
+        pid_file = self.paths.trainer_pid(index)
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            raise PodError(f"worker {index} has no trainer ({pid_file} missing)") from None
+        tree = {p.pid for p in procs.descendants(agent.popen.pid)}
+        if pid not in tree:
+            raise PodError(f"worker {index}: trainer pid {pid} is not running")
+        # trainerctl makes the trainer a process-group leader: signal the whole group.
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+        return pid
+
+    # -- upkeep ------------------------------------------------------------------------------
+    def check_agents(self) -> None:
+        """A worker agent that dies on its own takes the slice to TERMINATED."""
+        with self._lock:
+            if self.state != SliceState.READY or self._busy:
+                return
+            for agent in self._agents.values():
+                if agent.popen.poll() is not None:
+                    self._set(
+                        SliceState.TERMINATED,
+                        detail=f"worker {agent.index} stopped (exit {agent.popen.returncode})",
+                    )
+                    return
+
+    def shutdown(self) -> None:
+        """Stop every worker now (controller exit), even while an operation is running."""
+        with self._lock:
+            self._busy = True
+        self._stop_agents(grace=1.0)

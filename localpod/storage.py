@@ -1,0 +1,78 @@
+"""The slice's bucket: gcp-storage-emulator as a subprocess, plus the bundle upload.
+
+Uploads go over the emulator's JSON upload API with plain HTTP, the same wire calls a real
+client makes against GCS, so nothing here knows it is talking to an emulator.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import quote
+
+from infra.bundle_archive import Bundle
+
+
+def emulator_command(port: int, bucket: str) -> list[str]:
+    exe = Path(sys.executable).with_name("gcp-storage-emulator")
+    head = [str(exe)] if exe.exists() else [sys.executable, "-m", "gcp_storage_emulator"]
+    return [*head, "start", "--host", "127.0.0.1", "--port", str(port), "--default-bucket", bucket]
+
+
+def start_emulator(port: int, bucket: str, data_dir: Path, log: Path) -> subprocess.Popen:
+    """Start the emulator storing under `data_dir` (it keeps objects in $STORAGE_BASE/.cloudstorage)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "STORAGE_BASE": str(data_dir)}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            emulator_command(port, bucket),
+            cwd=data_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_ready(proc: subprocess.Popen, url: str, bucket: str, timeout: float = 60.0) -> None:
+    """Until the default bucket answers; the emulator creates it while starting."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gcp-storage-emulator exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/storage/v1/b/{bucket}", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"gcp-storage-emulator not ready after {timeout:.0f} s")
+
+
+def upload(url: str, bucket: str, name: str, data: bytes, content_type: str) -> None:
+    request = urllib.request.Request(
+        f"{url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(name, safe='')}",
+        data=data,
+        method="POST",
+        headers={"Content-Type": content_type},
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"upload of {name} failed: HTTP {resp.status}")
+
+
+def download(url: str, bucket: str, name: str) -> bytes:
+    object_url = f"{url}/storage/v1/b/{bucket}/o/{quote(name, safe='')}?alt=media"
+    with urllib.request.urlopen(object_url, timeout=60) as resp:
+        return resp.read()
+
+
+def upload_bundle(url: str, bucket: str, bundle: Bundle) -> None:
+    upload(url, bucket, bundle.object_name, bundle.data, "application/gzip")

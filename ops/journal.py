@@ -1,0 +1,64 @@
+"""The recovery journal: one JSON object per line, each with its wall time.
+
+The goodput report (bench/) and the demo read it back; the terminal gets one line per event.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+# Event -> terminal colour; unknown events print plain.
+STYLES = {
+    "detected": "bold yellow",
+    "recreated": "cyan",
+    "ready": "cyan",
+    "bootstrapped": "cyan",
+    "restarted": "cyan",
+    "resumed": "bold green",
+    "done": "bold green",
+    "gave_up": "bold red",
+    "error": "red",
+}
+
+
+class Journal:
+    """Appends events to `path` (None: terminal only) and echoes them to `console`."""
+
+    def __init__(self, path: str | Path | None, console: Console | None = None):
+        self.path = Path(path) if path else None
+        self.console = console
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def event(self, name: str, message: str = "", **fields: Any) -> dict[str, Any]:
+        record = {"time": time.time(), "event": name, "message": message, **fields}
+        with self._lock:
+            self.events.append(record)
+            if self.path is not None:
+                with self.path.open("a") as out:
+                    out.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        if self.console is not None:
+            stamp = time.strftime("%H:%M:%S", time.localtime(record["time"]))
+            style = STYLES.get(name, "")
+            text = f"{stamp} {name:<12} {message}"
+            self.console.print(text, style=style, markup=False, highlight=False)
+        return record
+
+
+def read(path: str | Path) -> list[dict[str, Any]]:
+    """All events of a journal file, oldest first; a torn last line is skipped."""
+    events = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events

@@ -1,0 +1,259 @@
+"""A bare slice for the bootstrap tests: the local pod's metadata server and bucket, no SSH.
+
+Each worker is a directory ($TPUPOD_ROOT) and a metadata listener on its own loopback address;
+"booting" a worker runs the real startup-script from its metadata, as the guest agent does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from infra import metadata
+from infra.bundle_archive import BUNDLE_PATHS, PROJECT_ROOT, Bundle, build_bundle
+from localpod import procs, storage
+from localpod.environment import worker_env
+from localpod.metadata_server import MetadataServer, MetadataStore
+
+BUCKET = "tpupod-local-ckpt"
+STACK = "local"
+STANDIN = Path(__file__).with_name("standin_trainer.py")
+REAL_TRAINER = (PROJECT_ROOT / "trainer" / "__main__.py").exists()
+# Long enough to outlive every test that expects a running trainer; teardown stops it.
+TRAINER_ARGS = "--config tiny --steps 100000"
+
+
+def stage_bundle_root(dest: Path, marker: str = "") -> Path:
+    """A copy of what the bundle holds; `marker` changes the bytes (and so the hash) only."""
+    for name in BUNDLE_PATHS:
+        src = PROJECT_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.is_file():
+            shutil.copy2(src, dest / name)
+    if not REAL_TRAINER:
+        shutil.copy2(STANDIN, dest / "trainer" / "__main__.py")
+    if marker:
+        with (dest / "README.md").open("a") as f:
+            f.write(f"\n<!-- bundle marker {marker} -->\n")
+    return dest
+
+
+@dataclass
+class BootResult:
+    returncode: int
+    output: str
+    seconds: float
+
+
+@dataclass
+class Slice:
+    tmp: Path
+    addresses: list[str]
+    store: MetadataStore
+    metadata_port: int
+    storage_url: str
+    attributes: list[dict[str, str]] = field(default_factory=list)
+    running: list[subprocess.Popen] = field(default_factory=list)
+
+    def root(self, index: int) -> Path:
+        return self.tmp / f"worker-{index}"
+
+    def publish(self, bundle: Bundle, **overrides: str | None) -> None:
+        """Upload `bundle` and set every worker's metadata for it; None drops a key."""
+        storage.upload_bundle(self.storage_url, BUCKET, bundle)
+        port = procs.free_port(self.addresses[0])
+        common = metadata.worker_metadata(
+            bucket=BUCKET,
+            bundle_object=bundle.object_name,
+            bundle_sha256=bundle.sha256,
+            stack=STACK,
+            trainer_args=TRAINER_ARGS,
+            uv_group="",
+            coordinator_port=port,
+        )
+        common[metadata.WORKER_NETWORK_ENDPOINTS] = metadata.network_endpoints_value(self.addresses)
+        common[metadata.ACCELERATOR_TYPE] = "v4-16"
+        self.attributes = []
+        for i in range(len(self.addresses)):
+            attrs = {**common, metadata.AGENT_WORKER_NUMBER: str(i)}
+            for key, value in overrides.items():
+                key = key.replace("_", "-")
+                if value is None:
+                    attrs.pop(key, None)
+                else:
+                    attrs[key] = value
+            self.attributes.append(attrs)
+        self.store.set_attributes(
+            dict(enumerate(self.attributes)),
+            {i: f"worker-{i}" for i in range(len(self.addresses))},
+        )
+
+    def env(self, index: int) -> dict[str, str]:
+        """The local pod's worker environment (the operator's uv cache, offline here), a lockfile
+        of the worker's own."""
+        env = worker_env(
+            home=self.tmp / f"home-{index}",
+            metadata_host=f"{self.addresses[index]}:{self.metadata_port}",
+            emulator_url=self.storage_url,
+            devices_per_worker=1,
+        )
+        env.update(
+            TPUPOD_ROOT=str(self.root(index)),
+            UV_OFFLINE="1",
+            TPUPOD_STOP_TIMEOUT="30",
+            TPUPOD_LIBTPU_LOCKFILE=str(self.root(index) / "libtpu_lockfile"),
+        )
+        return env
+
+    def boot(self, indices: list[int] | None = None, **extra_env: str) -> list[BootResult]:
+        """Run each worker's startup-script (from its metadata) at once; wait for all."""
+        indices = list(range(len(self.addresses))) if indices is None else indices
+        started = []
+        for i in indices:
+            self.root(i).mkdir(parents=True, exist_ok=True)
+            (self.tmp / f"home-{i}").mkdir(exist_ok=True)
+            script = self.tmp / f"startup-{i}.sh"
+            script.write_text(self.attributes[i].get(metadata.STARTUP_SCRIPT, ""))
+            proc = subprocess.Popen(
+                ["bash", str(script)],
+                env={**self.env(i), **extra_env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=self.tmp / f"home-{i}",
+                start_new_session=True,
+            )
+            self.running.append(proc)
+            started.append((proc, time.monotonic()))
+        results = []
+        for proc, t0 in started:
+            out, _ = proc.communicate(timeout=600)
+            results.append(BootResult(proc.returncode, out, time.monotonic() - t0))
+            self.running.remove(proc)
+        return results
+
+    def bootstrap(self, index: int) -> dict:
+        return json.loads((self.root(index) / "bootstrap.json").read_text())
+
+    def status(self, index: int) -> dict | None:
+        try:
+            return json.loads((self.root(index) / "status.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def trainer_pid(self, index: int) -> int | None:
+        try:
+            return int((self.root(index) / "trainer.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def wait_training(self, indices: list[int], timeout: float = 240.0, after_step: int = 0):
+        """Until every worker's status file says training past `after_step`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = {i: self.status(i) for i in indices}
+            if all(
+                s and s["state"] == "training" and s["step"] > after_step for s in found.values()
+            ):
+                return found
+            for i in indices:
+                exit_file = self.root(i) / "trainer.exit"
+                if exit_file.exists() and self.trainer_pid(i) is None:
+                    log = (self.root(i) / "trainer.log").read_text()[-3000:]
+                    raise AssertionError(
+                        f"worker {i} trainer exited {exit_file.read_text()}:\n{log}"
+                    )
+            time.sleep(0.2)
+        logs = {i: (self.root(i) / "trainer.log").read_text()[-2000:] for i in indices}
+        raise AssertionError(f"not training after {timeout:.0f}s: {found}\n{logs}")
+
+    def trainerctl(self, index: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        ctl = self.root(index) / "current" / "bootstrap" / "trainerctl.sh"
+        return subprocess.run(
+            ["bash", str(ctl), *args],
+            env=self.env(index),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=check,
+        )
+
+    def cleanup(self) -> None:
+        """Stop what the tests started: bootstraps, then each trainer's process group."""
+        for proc in self.running:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for i in range(len(self.addresses)):
+            pid = self.trainer_pid(i)
+            if pid is None:
+                continue
+            ctl = self.root(i) / "current" / "bootstrap" / "trainerctl.sh"
+            if ctl.exists():
+                subprocess.run(
+                    ["bash", str(ctl), "stop"],
+                    env={**self.env(i), "TPUPOD_STOP_TIMEOUT": "10"},
+                    capture_output=True,
+                    timeout=60,
+                    check=False,
+                )
+            if procs.alive(pid):  # the group leader is ours: it was recorded by our trainerctl
+                os.killpg(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _make_slice(tmp: Path, workers: int):
+    subnet = random.randint(100, 250)
+    addresses = [f"127.0.{subnet}.{i + 1}" for i in range(workers)]
+    port = procs.free_port_on_all(addresses)
+    store = MetadataStore()
+    server = MetadataServer(addresses, port, store)
+    server.start()
+    storage_port = procs.free_port("127.0.0.1")
+    storage_url = f"http://127.0.0.1:{storage_port}"
+    emulator = storage.start_emulator(storage_port, BUCKET, tmp / "gcs", tmp / "gcs.log")
+    try:
+        storage.wait_ready(emulator, storage_url, BUCKET)
+        yield Slice(tmp, addresses, store, port, storage_url)
+    finally:
+        os.killpg(emulator.pid, signal.SIGTERM)
+        emulator.wait(timeout=10)
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory):
+    """A two-worker slice shared by a module's tests (a boot with the real trainer is slow)."""
+    with _make_slice(tmp_path_factory.mktemp("slice"), 2) as made:
+        try:
+            yield made
+        finally:
+            made.cleanup()
+
+
+@pytest.fixture
+def single(tmp_path):
+    """A one-worker slice of its own."""
+    with _make_slice(tmp_path, 1) as made:
+        try:
+            yield made
+        finally:
+            made.cleanup()
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """Two bundles of the same code with different hashes."""
+    tmp = tmp_path_factory.mktemp("bundles")
+    return [build_bundle(stage_bundle_root(tmp / name, name)) for name in ("a", "b")]

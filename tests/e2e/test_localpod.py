@@ -1,0 +1,165 @@
+"""The local pod end to end: real SSH (Fabric), real metadata HTTP, real emulator, real signals."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from infra import metadata
+from localpod import procs, storage
+from localpod.pod import LocalPod
+from ops.provider import SliceState
+from ops.providers.local import LocalProvider
+
+pytestmark = pytest.mark.e2e
+
+MD = 'curl -sf -H "Metadata-Flavor: Google" "http://$GCE_METADATA_HOST/computeMetadata/v1/{}"'
+
+
+def _worker_tree(pod: LocalPod) -> list[procs.Proc]:
+    """Every process of every worker: agents and all their descendants."""
+    found = []
+    for worker in pod.describe().workers:
+        if worker.agent_pid and (agent := procs.read_proc(worker.agent_pid)):
+            found += [agent, *procs.descendants(agent.pid)]
+    return found
+
+
+def test_fabric_runs_a_command_on_each_worker(pod: LocalPod, ssh_run) -> None:
+    info = pod.describe()
+    assert info.state == SliceState.READY and info.health == "HEALTHY"
+    assert [w.host for w in info.workers] == [f"127.0.{info.pod['subnet']}.{i}" for i in (1, 2)]
+    for worker in info.workers:
+        out = ssh_run(worker, 'echo "$HOME|$TPUPOD_ROOT|$JAX_PLATFORMS|$TPUPOD_LOCAL_POD"').strip()
+        home = Path(info.pod["pod_dir"]) / "workers" / str(worker.index) / "home"
+        assert out == f"{home}|{home}/tpupod|cpu|1"
+
+
+def test_metadata_answers_each_worker_as_itself(pod: LocalPod, ssh_run) -> None:
+    info = pod.describe()
+    endpoints = metadata.network_endpoints_value([w.host for w in info.workers])
+    for worker in info.workers:
+        attributes = json.loads(ssh_run(worker, MD.format("instance/attributes/?recursive=true")))
+        assert attributes[metadata.AGENT_WORKER_NUMBER] == str(worker.index)
+        assert attributes[metadata.WORKER_NETWORK_ENDPOINTS] == endpoints
+        assert attributes[metadata.UV_GROUP] == ""
+        assert attributes[metadata.STARTUP_SCRIPT].startswith("#!/bin/bash")
+        assert ssh_run(worker, MD.format("instance/preempted")) == "FALSE"
+        token = json.loads(ssh_run(worker, MD.format("instance/service-accounts/default/token")))
+        assert token["access_token"] == "local"
+        # The startup script ran from metadata and saw its own number too.
+        assert ssh_run(worker, 'cat "$TPUPOD_ROOT/booted"').strip() == str(worker.index)
+
+    url = f"http://{info.workers[1].host}:{info.pod['metadata_port']}/computeMetadata/v1/"
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(url + "instance/hostname", timeout=5)
+    assert denied.value.code == 403
+    request = urllib.request.Request(
+        url + "instance/hostname", headers={"Metadata-Flavor": "Google"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        assert resp.read().decode() == "tpupod-local-w-1"
+
+
+def test_bucket_object_written_by_one_worker_is_read_by_the_other(pod: LocalPod, ssh_run) -> None:
+    info = pod.describe()
+    bucket = info.pod["bucket"]
+    upload = (
+        f'echo "hello from $(hostname) $$" > /tmp/tpupod-e2e-$$ && curl -sf -X POST '
+        f'--data-binary @/tmp/tpupod-e2e-$$ -H "Content-Type: text/plain" '
+        f'"$STORAGE_EMULATOR_HOST/upload/storage/v1/b/{bucket}/o?uploadType=media&name=e2e/msg" '
+        f">/dev/null && cat /tmp/tpupod-e2e-$$ && rm /tmp/tpupod-e2e-$$"
+    )
+    written = ssh_run(info.workers[0], upload)
+    read = ssh_run(
+        info.workers[1],
+        f'curl -sf "$STORAGE_EMULATOR_HOST/storage/v1/b/{bucket}/o/e2e%2Fmsg?alt=media"',
+    )
+    assert read == written and written.startswith("hello from")
+    # The code bundle is there, under the name and hash the metadata announces.
+    attributes = json.loads(
+        ssh_run(info.workers[1], MD.format("instance/attributes/?recursive=true"))
+    )
+    data = storage.download(info.pod["emulator_url"], bucket, attributes[metadata.BUNDLE_OBJECT])
+    assert hashlib.sha256(data).hexdigest() == attributes[metadata.BUNDLE_SHA256]
+
+
+def test_crash_and_hang_signal_the_trainer(pod: LocalPod, booted) -> None:
+    booted(pod)
+    hung = pod.hang(1)
+    deadline = time.monotonic() + 10  # signal delivery is asynchronous
+    while procs.read_proc(hung).state != "T":
+        assert time.monotonic() < deadline, "trainer not stopped"
+        time.sleep(0.05)
+    crashed = pod.crash(0)
+    assert procs.wait_gone(crashed, None, timeout=10)
+    assert pod.describe().state == SliceState.READY  # the VM is fine; only the trainer died
+
+
+def test_preempt_leaves_no_worker_process_then_recreate(pod: LocalPod, booted) -> None:
+    booted(pod)
+    before = _worker_tree(pod)
+    # Two agents and worker 1's stopped (SIGSTOP) trainer at least; worker 0's was crashed above.
+    assert len(before) >= 3
+    info = pod.preempt(notice=2)
+    assert info.state == SliceState.PREEMPTED
+    assert info.preempted
+    assert [p.pid for p in before if procs.alive(p.pid, p.start)] == []
+
+    provider = LocalProvider(pod)
+    provider.recreate()
+    info = pod.wait_for({SliceState.READY}, timeout=60)
+    assert not info.preempted and all(w.alive for w in info.workers)
+    assert provider.describe().state == SliceState.READY
+    booted(pod)  # fresh disks, booted again
+
+
+def test_cli_status_and_errors(pod: LocalPod, tmp_path: Path) -> None:
+    tpupod = [sys.executable, "-m", "ops"]
+    status = subprocess.run(
+        [*tpupod, "status", "--stack", "local", "--pod-dir", str(pod.paths.root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    assert "READY" in status.stdout and pod.describe().workers[1].host in status.stdout
+    absent = subprocess.run(
+        [*tpupod, "local", "crash", "--worker", "0", "--pod-dir", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert absent.returncode == 2
+    assert absent.stderr.startswith("tpupod: no local pod is up")
+    assert len(absent.stderr.strip().splitlines()) == 1
+
+
+def test_down_leaves_no_process_and_no_port(pod_factory, booted) -> None:
+    pod = pod_factory(workers=2)
+    ours: list[procs.Proc] = []
+    ports: set[tuple[str, int]] = set()
+    try:
+        info = pod.up()
+        booted(pod)
+        layout = info.pod
+        ours = [procs.read_proc(layout["controller_pid"]), procs.read_proc(layout["emulator_pid"])]
+        ours += procs.descendants(layout["controller_pid"])
+        assert len(ours) >= 6  # controller, emulator, 2 agents, 2 trainers
+        ports = {("127.0.0.1", layout["control_port"]), ("127.0.0.1", layout["emulator_port"])}
+        for worker in info.workers:
+            ports |= {(worker.host, worker.port), (worker.host, layout["metadata_port"])}
+        assert ports <= procs.listening()
+    finally:
+        pod.down()
+    assert [p.pid for p in ours if procs.alive(p.pid, p.start)] == []
+    assert ports & procs.listening() == set()
+    assert not pod.is_up()

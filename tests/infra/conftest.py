@@ -1,0 +1,86 @@
+"""Shared fixtures: every stack evaluated once, offline, under Pulumi mocks; golden inventories.
+
+Golden inventories (tests/infra/golden/<stack>.json) are what each stack declares, normalized so
+only intended changes show: the bundle hash (changes with every code edit) and the startup script
+(owned by bootstrap/, asserted exactly elsewhere) become placeholders. After an intended change,
+rewrite them with `TPUPOD_UPDATE_GOLDEN=1 uv run pytest tests/infra -q` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+
+from infra import metadata, offline
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+UPDATE_ENV = "TPUPOD_UPDATE_GOLDEN"
+
+
+@pytest.fixture(scope="session")
+def evaluations() -> dict[str, offline.Evaluation]:
+    return {stack: offline.evaluate(stack) for stack in offline.stack_names()}
+
+
+@pytest.fixture
+def golden() -> Callable[[offline.Evaluation], None]:
+    """Check an evaluation against its stored inventory (or rewrite it under the env var)."""
+    return check_golden
+
+
+def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
+    node = evaluation.one("gcp:tpu/v2Vm:V2Vm")
+    bundle_sha256 = node.inputs["metadata"][metadata.BUNDLE_SHA256]
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in sorted(value.items())}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        if isinstance(value, (pulumi.Asset, pulumi.Archive)):
+            return f"<{type(value).__name__}>"
+        if isinstance(value, str):
+            return value.replace(bundle_sha256, "<bundle-sha256>")
+        return value
+
+    resources = []
+    for r in evaluation.resources:
+        if r.type.startswith("pulumi:providers:"):
+            continue
+        inputs = dict(r.inputs)
+        if metadata.STARTUP_SCRIPT in (inputs.get("metadata") or {}):
+            inputs["metadata"] = {**inputs["metadata"], metadata.STARTUP_SCRIPT: "<startup.sh>"}
+        resources.append(
+            {
+                "type": r.type,
+                "name": r.name,
+                "parent": r.parent.rsplit("::", 1)[-1] if r.parent else "",
+                "protect": r.protect,
+                "delete_before_replace": r.delete_before_replace,
+                "create_timeout": r.create_timeout,
+                "inputs": clean(inputs),
+            }
+        )
+    resources.sort(key=lambda item: (item["type"], item["name"]))
+    return {"stack": evaluation.stack, "resources": resources, "outputs": clean(evaluation.values)}
+
+
+def check_golden(evaluation: offline.Evaluation) -> None:
+    path = GOLDEN_DIR / f"{evaluation.stack}.json"
+    actual = inventory(evaluation)
+    if os.environ.get(UPDATE_ENV) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(actual, indent=2, sort_keys=True) + "\n")
+        return
+    assert path.exists(), f"no golden inventory for {evaluation.stack}; run with {UPDATE_ENV}=1"
+    expected = json.loads(path.read_text())
+    assert actual == expected, (
+        f"{evaluation.stack}'s resources changed; if intended, rerun with {UPDATE_ENV}=1 and "
+        "review the diff of tests/infra/golden/"
+    )

@@ -1,0 +1,242 @@
+"""Every stack file, evaluated offline: the graph, the outputs, the rules, the golden inventory.
+
+Golden inventories live in tests/infra/golden/<stack>.json (see conftest.py). After an intended
+change, rewrite them with `TPUPOD_UPDATE_GOLDEN=1 uv run pytest tests/infra -q` and review the diff.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pytest
+
+from infra import catalog, metadata, naming, offline, policies
+from infra.config import parse, raw_from_config_map
+from infra.security import IAP_RANGE
+
+STACKS = offline.stack_names()
+TPU = "gcp:tpu/v2Vm:V2Vm"
+FIREWALL = "gcp:compute/firewall:Firewall"
+
+
+def stack_config(stack: str):
+    return parse(raw_from_config_map(offline.stack_config(stack)), stack=stack)
+
+
+def test_required_stacks_exist():
+    assert {"v4-8", "v4-32", "v5e-16", "v6e-8"} <= set(STACKS)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_file_is_short_and_valid(stack):
+    text = (offline.STACKS_DIR / f"Pulumi.{stack}.yaml").read_text()
+    assert len(text.strip().splitlines()) <= 8
+    config = stack_config(stack)
+    assert config.resolved_zone in config.accelerator.zones
+
+
+@pytest.mark.parametrize("stack", ["v4-8", "v4-32", "v5e-16", "v6e-8"])
+def test_required_stacks_are_spot(stack):
+    assert stack_config(stack).provisioning == "spot"
+
+
+def test_defaults_live_in_code():
+    config = parse({"gcp:project": "p", "acceleratorType": "v5e-16"}, stack="s")
+    assert (config.provisioning, config.preset, config.enable_external_ips) == (
+        "spot",
+        "tiny",
+        False,
+    )
+    assert config.protect_bucket and config.resolved_zone == "us-central1-a"
+    assert config.resolved_runtime_version == "v2-alpha-tpuv5-lite"
+    config = parse(
+        {
+            "gcp:project": "p",
+            "acceleratorType": "v4-8",
+            "steps": "20000",
+            "trainerArgs": "--seed 3",
+        },
+        stack="s",
+    )
+    assert config.trainer_command_args == "--config tiny --steps 20000 --seed 3"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_tpu_node(evaluations, stack):
+    evaluation, config = evaluations[stack], stack_config(stack)
+    node = evaluation.one(TPU)
+    props = node.inputs
+    assert props["name"] == naming.tpu_name(config) and len(props["name"]) <= 63
+    assert props["acceleratorType"] == config.accelerator.api_type
+    assert props["runtimeVersion"] == config.accelerator.default_runtime_version
+    assert props["zone"] == config.resolved_zone
+    assert props["schedulingConfig"] == {"spot": True}
+    assert props["networkConfig"]["enableExternalIps"] is False
+    assert props["serviceAccount"]["scopes"] == ["https://www.googleapis.com/auth/cloud-platform"]
+    assert props["serviceAccount"]["email"].startswith(naming.service_account_id(config))
+    assert props["tags"] == [naming.network_tag(config)]
+    assert props["labels"]["tpupod-stack"] == stack
+    assert node.delete_before_replace and node.create_timeout
+    assert node.parent.endswith("tpupod:infra:TpuSlice::slice")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_metadata_is_exactly_the_seam(evaluations, stack):
+    evaluation, config = evaluations[stack], stack_config(stack)
+    bundle = evaluation.one("gcp:storage/bucketObject:BucketObject").inputs["name"]
+    sha = bundle.removeprefix("bundles/").removesuffix(".tar.gz")
+    expected = metadata.worker_metadata(
+        bucket=naming.bucket_name(config),
+        bundle_object=bundle,
+        bundle_sha256=sha,
+        stack=stack,
+        trainer_args=config.trainer_command_args,
+        uv_group="tpu",
+    )
+    actual = evaluation.one(TPU).inputs["metadata"]
+    assert actual == expected
+    assert actual[metadata.STARTUP_SCRIPT] == metadata.startup_script()
+    assert actual[metadata.TRAINER_ARGS].startswith(f"--config {config.preset}")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_network_bucket_identity(evaluations, stack):
+    evaluation = evaluations[stack]
+    assert evaluation.one("gcp:compute/network:Network").inputs["autoCreateSubnetworks"] is False
+    assert evaluation.one("gcp:compute/subnetwork:Subnetwork").inputs["privateIpGoogleAccess"]
+    assert (
+        evaluation.one("gcp:compute/routerNat:RouterNat").inputs["natIpAllocateOption"]
+        == "AUTO_ONLY"
+    )
+    firewalls = {r.name: r.inputs for r in evaluation.of_type(FIREWALL)}
+    assert firewalls["network-ssh-iap"]["sourceRanges"] == [IAP_RANGE]
+    internal = firewalls["network-internal"]
+    assert {a["protocol"] for a in internal["allows"]} == {"tcp", "udp", "icmp"}
+    assert internal["sourceTags"] == internal["targetTags"]
+    bucket = evaluation.one("gcp:storage/bucket:Bucket")
+    assert bucket.protect and not bucket.inputs["forceDestroy"]
+    assert bucket.inputs["lifecycleRules"]
+    roles = {r.inputs["role"] for r in evaluation.resources if "role" in r.inputs}
+    assert roles == {
+        "roles/storage.objectAdmin",
+        "roles/logging.logWriter",
+        "roles/monitoring.metricWriter",
+    }
+    assert (
+        evaluation.one("gcp:storage/bucketIAMMember:BucketIAMMember").inputs["role"]
+        == "roles/storage.objectAdmin"
+    )
+    components = {r.urn for r in evaluation.resources if not r.custom}
+    assert all(
+        r.parent in components
+        for r in evaluation.resources
+        if r.custom and not r.type.startswith("pulumi:")
+    )
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_outputs(evaluations, stack):
+    values, config = evaluations[stack].values, stack_config(stack)
+    hosts = catalog.lookup(config.accelerator_type).hosts
+    assert values["num_hosts"] == hosts
+    assert len(values["worker_internal_ips"]) == hosts
+    assert "worker_external_ips" not in values
+    assert values["tpu_urn"].endswith("gcp:tpu/v2Vm:V2Vm::slice-node")
+    assert values["checkpoint_uri"] == f"{values['bucket_url']}/runs/{stack}"
+    assert values["bundle_uri"].startswith(f"{values['bucket_url']}/bundles/")
+    assert values["ssh_command"].startswith(f"gcloud compute tpus tpu-vm ssh {values['tpu_name']} ")
+    assert "--tunnel-through-iap --worker=all" in values["ssh_command"]
+    for key in ("zone", "project", "accelerator_type", "service_account_email", "tpu_name"):
+        assert values[key]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_security_rule_holds(evaluations, stack):
+    found = [
+        f"{r.type} {r.name}: {v}"
+        for r in evaluations[stack].resources
+        for v in policies.violations(r.type, r.inputs, r.protect)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_golden_inventory(evaluations, golden, stack):
+    golden(evaluations[stack])
+
+
+@pytest.fixture
+def v4_32() -> offline.Evaluation:
+    return offline.evaluate("v4-32")
+
+
+@pulumi.runtime.test
+def test_worker_ips_output(v4_32):
+    def check(ips):
+        assert ips == ["10.64.0.10", "10.64.0.11", "10.64.0.12", "10.64.0.13"]
+
+    return v4_32.outputs["worker_internal_ips"].apply(check)
+
+
+@pulumi.runtime.test
+def test_bucket_and_account_outputs(v4_32):
+    def check(args):
+        url, email = args
+        assert url == "gs://tpupod-test-project-tpupod-v4-32"
+        assert email == "tpupod-v4-32@tpupod-test-project.iam.gserviceaccount.com"
+
+    return pulumi.Output.all(
+        v4_32.outputs["bucket_url"], v4_32.outputs["service_account_email"]
+    ).apply(check)
+
+
+def test_a_wrong_expectation_fails(v4_32):
+    """Proof that the apply assertions above are awaited: a wrong one must fail the test."""
+
+    @pulumi.runtime.test
+    def wrong():
+        def check(ips):
+            assert len(ips) == 5
+
+        return v4_32.outputs["worker_internal_ips"].apply(check)
+
+    with pytest.raises(AssertionError):
+        wrong()
+
+
+def test_external_ips_opt_in_exports_them():
+    config = {**offline.stack_config("v4-32"), "tpupod:enableExternalIps": "true"}
+    evaluation = offline.evaluate("v4-32", config)
+    assert evaluation.values["worker_external_ips"] == [f"203.0.113.{10 + i}" for i in range(4)]
+    node = evaluation.one(TPU)
+    assert node.inputs["networkConfig"]["enableExternalIps"] is True
+    assert policies.violations(node.type, node.inputs, node.protect) == []
+
+
+def test_existing_network_and_bucket_are_used_not_created():
+    config = {
+        **offline.stack_config("v4-8"),
+        "tpupod:existingNetwork": "projects/p/global/networks/shared",
+        "tpupod:existingSubnet": "projects/p/regions/us-central2/subnetworks/tpu",
+        "tpupod:existingBucket": "team-checkpoints",
+        "tpupod:sshSourceRanges": '["203.0.113.0/24"]',
+    }
+    evaluation = offline.evaluate("v4-8", config)
+    types = {r.type for r in evaluation.resources}
+    assert not types & {
+        "gcp:compute/network:Network",
+        "gcp:compute/subnetwork:Subnetwork",
+        "gcp:storage/bucket:Bucket",
+    }
+    network_config = evaluation.one(TPU).inputs["networkConfig"]
+    assert network_config["network"] == "projects/p/global/networks/shared"
+    assert evaluation.values["bucket_url"] == "gs://team-checkpoints"
+    listed = next(r for r in evaluation.of_type(FIREWALL) if r.name == "network-ssh-listed")
+    assert listed.inputs["sourceRanges"] == ["203.0.113.0/24"]
+    assert all(not policies.violations(r.type, r.inputs, r.protect) for r in evaluation.resources)
+
+
+def test_bucket_protection_opt_out():
+    config = {**offline.stack_config("v4-8"), "tpupod:protectBucket": "false"}
+    bucket = offline.evaluate("v4-8", config).one("gcp:storage/bucket:Bucket")
+    assert bucket.protect is False and bucket.inputs["forceDestroy"] is False
+    assert policies.violations(bucket.type, bucket.inputs, bucket.protect) == []

@@ -1,0 +1,90 @@
+"""The Fabric layer against real loopback SSH servers: probes, trainerctl, retries."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from ops.provider import Worker
+from ops.recovery import Limits, WorkerCondition, judge_worker
+from ops.workers import WorkerError, WorkerGroup
+from trainer.status import StatusFile, TrainerState
+
+
+def workers_of(servers):
+    return [
+        Worker(i, "127.0.0.1", s.port, "tpupod", str(s.key_file)) for i, s in enumerate(servers)
+    ]
+
+
+def install_trainerctl(root, log):
+    ctl = root / "current" / "bootstrap" / "trainerctl.sh"
+    ctl.parent.mkdir(parents=True)
+    ctl.write_text(f'#!/bin/sh\necho "$1 $(date +%s.%N)" >> {log}\n')
+    ctl.chmod(0o755)
+
+
+def test_probe_reads_every_status_file(pod):
+    root0 = pod[0].root
+    (root0 / "bootstrap.json").write_text(json.dumps({"state": "ok", "phase": "trainer"}))
+    StatusFile(root0 / "status.json").update(state=TrainerState.TRAINING, step=7, loss=2.5)
+    (root0 / "trainer.exit").write_text("75\n")
+    with WorkerGroup(workers_of(pod)) as group:
+        p0, p1 = group.probe()
+    assert p0.reachable and p0.bootstrap_state == "ok"
+    assert p0.status.step == 7 and p0.status.state is TrainerState.TRAINING
+    assert p0.exit_code == 75 and p0.exit_mtime > time.time() - 60
+    assert p0.heartbeat_age < 30 and abs(p0.now - time.time()) < 5
+    assert p1.reachable and p1.status is None and p1.bootstrap is None and p1.exit_code is None
+    verdict = judge_worker(p1, since=0, limits=Limits())
+    assert verdict.condition is WorkerCondition.BOOTSTRAPPING
+
+
+def test_restart_runs_stop_then_clear_then_start_on_every_worker(pod, tmp_path):
+    log = tmp_path / "ctl.log"
+    for server in pod:
+        install_trainerctl(server.root, log)
+    with WorkerGroup(workers_of(pod)) as group:
+        group.restart()
+    verbs = [line.split()[0] for line in log.read_text().splitlines()]
+    # every worker stopped before any cleared, every worker cleared before any started
+    assert verbs == ["stop"] * 2 + ["clear-locks"] * 2 + ["start"] * 2
+
+
+def test_failure_names_the_worker(pod, tmp_path):
+    install_trainerctl(pod[0].root, tmp_path / "ctl.log")  # worker 1 has no trainerctl
+    with WorkerGroup(workers_of(pod), retries=0) as group, pytest.raises(WorkerError) as err:
+        group.trainerctl("start")
+    assert "worker 1" in str(err.value) and "worker 0" not in str(err.value)
+
+
+def test_transient_ssh_failure_is_retried_with_backoff(pod):
+    workers = workers_of(pod)
+    pod[1].stop_listening()  # connection refused until it comes back
+    threading.Timer(1.0, pod[1].start).start()
+    with WorkerGroup(workers, retries=4, backoff=0.5) as group:
+        outcomes = group.run("echo hi")
+    assert all(o.ok and o.stdout.strip() == "hi" for o in outcomes.values()), outcomes
+
+
+def test_unreachable_worker_is_reported_not_raised(pod):
+    workers = workers_of(pod)
+    pod[1].stop_listening()
+    with WorkerGroup(workers, retries=1, backoff=0.1, connect_timeout=2) as group:
+        p0, p1 = group.probe()
+    assert p0.reachable and not p1.reachable and p1.error
+    assert judge_worker(p1, 0, Limits()).condition is WorkerCondition.UNREACHABLE
+
+
+def test_no_threads_or_connections_leak(pod):
+    before = threading.active_count()
+    with WorkerGroup(workers_of(pod)) as group:
+        for _ in range(3):
+            group.probe()
+    deadline = time.time() + 5
+    while threading.active_count() > before and time.time() < deadline:
+        time.sleep(0.1)
+    assert threading.active_count() <= before

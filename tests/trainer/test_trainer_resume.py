@@ -1,0 +1,84 @@
+"""Exact resume on one process: SIGTERM (exit 75, preemption save) and SIGKILL mid-save (resume
+from the last committed step) both end bitwise identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+from trainer_testlib import run_ok, summary
+
+from trainer.status import read_status
+
+STEPS = 40
+
+
+def _committed(ckpt: Path) -> list[int]:
+    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+
+
+def _temporary(ckpt: Path) -> list[str]:
+    return [p.name for p in ckpt.iterdir() if not p.name.isdigit() and "tmp" in p.name]
+
+
+def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
+    base = ["--config", "tiny", "--steps", STEPS]
+    run_ok(spawn, [*base, "--workdir", tmp_path / "ref"], tmp_path, "ref")
+    reference = summary(tmp_path / "ref")["params_fingerprint"]
+
+    # 1. SIGTERM at a random step: preemption save, status `preempted`, exit 75.
+    wd, status_file = tmp_path / "term", tmp_path / "term.status"
+    args = [*base, "--workdir", wd, "--status-file", status_file]
+    t = spawn(args, tmp_path, "term1")
+    k = random.randint(2, 12)
+    t.wait_for(lambda: t.last_step() >= k, what=f"step {k}")
+    t.signal(signal.SIGTERM)
+    sent = time.time()
+    assert t.wait() == 75, t.stderr
+    print(f"SIGTERM -> committed exit: {time.time() - sent:.2f}s")
+    status = read_status(status_file)
+    assert status.state == "preempted" and status.exit_code == 75
+    stopped = status.step
+    assert k <= stopped < STEPS and status.last_checkpoint == stopped
+    assert _committed(wd / "checkpoints")[-1] == stopped
+
+    again = run_ok(spawn, args, tmp_path, "term2")
+    status = read_status(status_file)
+    assert status.state == "done" and status.restored_from == stopped
+    assert status.compile_cache_hit is True  # a restart does not recompile
+    assert any(r.get("event") == "restored" and r["step"] == stopped for r in again.lines())
+    assert summary(wd)["params_fingerprint"] == reference
+
+    # 2. SIGKILL while an async save is being written, until one lands mid-write.
+    wd = tmp_path / "kill"
+    args = [*base, "--workdir", wd, "--set", "checkpoint_every=3"]
+    ckpt = wd / "checkpoints"
+    cut = None
+    for attempt in range(6):
+        t = spawn(args, tmp_path, f"kill{attempt}")
+        t.wait_for(lambda: ckpt.exists() and bool(_temporary(ckpt)), what="an in-flight save")
+        t.kill()
+        if _temporary(ckpt):
+            cut = _temporary(ckpt)
+            break
+    assert cut, "no kill landed during a save"
+    before = _committed(ckpt)
+    cut_step = int(cut[0].split(".")[0])
+    assert cut_step not in before
+    last = run_ok(spawn, args, tmp_path, "kill-final")
+    restored = (
+        next(r["step"] for r in last.lines() if r.get("event") == "restored") if before else None
+    )
+    assert restored == (before[-1] if before else None)
+    assert not _temporary(ckpt), "leftover temporary directories are cleaned"
+    assert summary(wd)["params_fingerprint"] == reference
+
+    # 3. A config whose shapes differ from the checkpoint: one line, exit 2, checkpoint untouched.
+    listing = sorted(p.name for p in ckpt.iterdir())
+    bad = spawn([*args, "--set", "d_model=128"], tmp_path, "shapes")
+    assert bad.wait() == 2
+    assert "model shapes" in bad.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in bad.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == listing

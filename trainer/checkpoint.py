@@ -1,0 +1,139 @@
+"""Orbax checkpoints of (train state, every process's grain iterator, run metadata), and
+preemption.
+
+One checkpoint is a Composite: `state` (params, optimizer state, step, RNG; restored straight
+into the target shardings), `data` (one grain iterator state file per process) and `meta` (process
+count, parameter shapes). Orbax writes each step into a temporary directory and renames it only
+once every process has finished, so a step cut off mid-write is never listed, never restored.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import grain
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
+
+from trainer import storage
+from trainer.config import BadInput, Config, shape_signature
+
+
+def save_policy(cfg: Config):
+    """Every N steps and/or T seconds, plus the preemption sync step (without the last, a custom
+    policy silently drops preemption saves)."""
+    policies = [cm.PreemptionCheckpointingPolicy()]
+    if cfg.checkpoint_every > 0:
+        policies.append(cm.FixedIntervalPolicy(cfg.checkpoint_every))
+    if cfg.checkpoint_every_seconds > 0:
+        seconds = max(1, int(cfg.checkpoint_every_seconds))
+        policies.append(cm.ContinuousCheckpointingPolicy(minimum_interval_secs=seconds))
+    return cm.AnySavePolicy(policies)
+
+
+def preservation_policy(cfg: Config):
+    """The latest K, plus every M-th step."""
+    policies = [cm.LatestN(cfg.keep_latest)]
+    if cfg.keep_every > 0:
+        policies.append(cm.EveryNSteps(cfg.keep_every))
+    return cm.AnyPreservationPolicy(policies)
+
+
+class Checkpoints:
+    def __init__(self, workdir: str, cfg: Config, process_count: int):
+        self.directory = storage.join(workdir, "checkpoints")
+        self.meta = {"process_count": process_count, "shapes": shape_signature(cfg)}
+        options = ocp.CheckpointManagerOptions(
+            save_decision_policy=save_policy(cfg),
+            preservation_policy=preservation_policy(cfg),
+            enable_async_checkpointing=cfg.checkpoint_async,
+            cleanup_tmp_directories=True,
+            create=True,
+        )
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "data", "meta")
+        )
+        self.committed: int | None = self.manager.latest_step()
+        self._pending: int | None = None
+
+    def check_compatible(self, step: int) -> None:
+        """Refuses, as bad input and before touching anything, a checkpoint this run can't use."""
+        restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        meta = restored["meta"]
+        if meta.get("process_count") != self.meta["process_count"]:
+            raise BadInput(
+                f"checkpoint step {step} in {self.directory} was written by "
+                f"{meta.get('process_count')} processes, this run has "
+                f"{self.meta['process_count']} (the data iterator state needs the same count)"
+            )
+        if meta.get("shapes") != self.meta["shapes"]:
+            raise BadInput(
+                f"checkpoint step {step} in {self.directory} has model shapes {meta.get('shapes')}, "
+                f"this config has {self.meta['shapes']}"
+            )
+
+    def restore(self, step: int, abstract_state, data_iter):
+        """Restores state into the shardings carried by `abstract_state`, and the iterator."""
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state),
+                data=grain.checkpoint.CheckpointRestore(data_iter),
+            ),
+        )
+        return restored["state"], restored["data"]
+
+    def should_save(self, step: int) -> bool:
+        return self.manager.should_save(step)
+
+    def save(self, step: int, state, data_iter) -> None:
+        """Starts a save (async: returns once the arrays are copied off the devices)."""
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(data_iter),
+            meta=ocp.args.JsonSave(self.meta),
+        )
+        self.manager.save(step, args=args, force=True)
+        self._pending = step
+
+    def poll(self) -> int | None:
+        """The last committed step (an async save counts once it has finished)."""
+        if self._pending is not None and not self.manager.is_saving_in_progress():
+            self.committed, self._pending = self._pending, None
+        return self.committed
+
+    def wait(self) -> int | None:
+        self.manager.wait_until_finished()
+        return self.poll()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+class Preemption:
+    """Has every process reached the agreed preemption step?
+
+    Multi-process: JAX's preemption notifier catches SIGTERM after `jax.distributed.initialize`
+    and the sync manager makes all processes answer True at the same step. Single process: no
+    notifier exists, so our own SIGTERM handler raises a flag checked at the next step.
+    """
+
+    def __init__(self, distributed: bool):
+        self.distributed = distributed
+        self._flag = threading.Event()
+        if not distributed:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        # A second SIGTERM changes nothing: the save in flight goes on (Orbax commits atomically).
+        self._flag.set()
+
+    def reached(self, step: int, checkpoints: Checkpoints) -> bool:
+        if self.distributed:
+            return checkpoints.manager.reached_preemption(step)
+        return self._flag.is_set()
+
+    @property
+    def noticed(self) -> bool:
+        return self._flag.is_set()

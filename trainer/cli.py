@@ -1,0 +1,165 @@
+"""`python -m trainer`: flags (with TPUPOD_* environment equivalents, docs/seams.md), multi-host
+initialisation, compilation cache, and the exit-code contract: bad input is one line on stderr
+and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+ENV = {
+    "workdir": "TPUPOD_WORKDIR",
+    "coordinator": "TPUPOD_COORDINATOR",
+    "num_processes": "TPUPOD_NUM_PROCESSES",
+    "process_id": "TPUPOD_PROCESS_ID",
+    "status_file": "TPUPOD_STATUS_FILE",
+    "compile_cache": "TPUPOD_COMPILE_CACHE",
+    "init_timeout": "TPUPOD_INIT_TIMEOUT",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Multi-host JAX language-model trainer with exact resume after preemption. "
+        "Exit codes: 0 done, 1 failed, 2 bad input, 75 preempted (checkpoint committed; "
+        "restart to resume).",
+    )
+    env = os.environ.get
+    p.add_argument("--config", required=True, help="preset (tiny, small, 350m, 1b) or a YAML file")
+    p.add_argument(
+        "--workdir",
+        default=env(ENV["workdir"]),
+        help="run directory, local path or gs://bucket/prefix [$TPUPOD_WORKDIR]",
+    )
+    p.add_argument("--steps", type=int, help="total steps to train to (overrides the config)")
+    p.add_argument("--seed", type=int, help="seed for init and data order (overrides the config)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config field; repeatable",
+    )
+    p.add_argument(
+        "--coordinator",
+        default=env(ENV["coordinator"]),
+        help="HOST:PORT of process 0's coordinator [$TPUPOD_COORDINATOR]",
+    )
+    p.add_argument(
+        "--num-processes",
+        type=int,
+        default=env(ENV["num_processes"]),
+        help="number of processes (hosts) [$TPUPOD_NUM_PROCESSES]",
+    )
+    p.add_argument(
+        "--process-id",
+        type=int,
+        default=env(ENV["process_id"]),
+        help="this process's index [$TPUPOD_PROCESS_ID]",
+    )
+    p.add_argument(
+        "--init-timeout",
+        type=int,
+        default=env(ENV["init_timeout"], 1800),
+        help="jax.distributed.initialize timeout in s [$TPUPOD_INIT_TIMEOUT, 1800]",
+    )
+    p.add_argument(
+        "--status-file",
+        default=env(ENV["status_file"]),
+        help="this process's JSON status file [$TPUPOD_STATUS_FILE]",
+    )
+    p.add_argument(
+        "--compile-cache",
+        default=env(ENV["compile_cache"]),
+        help="persistent compilation cache URI, local or gs:// "
+        "[$TPUPOD_COMPILE_CACHE; default: compile-cache beside the workdir]",
+    )
+    return p
+
+
+def _init_distributed(args) -> bool:
+    import jax
+
+    multi = [args.coordinator, args.num_processes, args.process_id]
+    if all(v is None for v in multi):
+        return False
+    if any(v is None for v in multi):
+        from trainer.config import BadInput
+
+        raise BadInput("--coordinator, --num-processes and --process-id go together")
+    # CPU collectives across processes need gloo; the setting does nothing on TPU/GPU.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=args.coordinator,
+        num_processes=args.num_processes,
+        process_id=args.process_id,
+        initialization_timeout=args.init_timeout,
+    )
+    return True
+
+
+def _configure_compile_cache(uri: str) -> None:
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", uri)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    # Cheap checks first, before the heavy imports: bad input fails in well under a second.
+    from trainer.config import BadInput, load_config
+    from trainer.status import EXIT_BAD_INPUT, EXIT_FAILED, StatusFile, TrainerState
+
+    hb = None
+    try:
+        cfg = load_config(args.config, args.set, steps=args.steps, seed=args.seed)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        StatusFile(args.status_file, args.process_id or 0).update(
+            state=TrainerState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e)
+        )
+        return EXIT_BAD_INPUT
+    from trainer.checkpoint import Preemption
+    from trainer.metrics import Heartbeat, generation
+
+    try:
+        preemption = Preemption(distributed=args.coordinator is not None)
+        hb = Heartbeat(args.status_file, args.process_id or 0, interval=cfg.heartbeat_seconds)
+        hb.update(state=TrainerState.INITIALIZING)
+        if not args.workdir:
+            raise BadInput("--workdir (or $TPUPOD_WORKDIR) is required")
+        from trainer import storage
+
+        workdir = storage.normalize(args.workdir)
+        storage.check_writable(workdir, args.process_id or 0)
+        _init_distributed(args)
+        _configure_compile_cache(
+            args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
+        )
+        import jax
+
+        from trainer import train
+        from trainer.config import with_generation_batch
+
+        train.CacheHits.install()
+        cfg = with_generation_batch(cfg, generation(jax.devices()[0]))
+        return train.run(cfg, workdir, hb, preemption)
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        if hb is not None:
+            hb.update(state=TrainerState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e))
+        return EXIT_BAD_INPUT
+    except Exception as e:  # noqa: BLE001 - report every failure in the status file
+        traceback.print_exc()
+        if hb is not None:
+            hb.update(state=TrainerState.FAILED, exit_code=EXIT_FAILED, message=repr(e)[:500])
+        return EXIT_FAILED
+    finally:
+        if hb is not None:
+            hb.stop()

@@ -1,0 +1,194 @@
+"""Run configuration: presets as data, YAML files and `--set key=value` overrides.
+
+A config is one flat frozen dataclass so that every field is addressable by `--set` and the
+whole run is described by one JSON-able dict (stored beside each checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class BadInput(Exception):
+    """User error: printed as one line, exit code 2, no traceback."""
+
+
+@dataclass(frozen=True)
+class Config:
+    # Model.
+    vocab_size: int = 256  # byte-level tokens
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 192
+    seq_len: int = 64
+    rope_theta: float = 10000.0
+    compute_dtype: str = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
+    # Optimisation.
+    batch_size: int = 8  # global batch, in sequences
+    batch_size_by_generation: dict = field(default_factory=dict)  # e.g. {"v5e": 256}
+    steps: int = 20
+    learning_rate: float = 3e-3
+    warmup_steps: int = 5
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    # Mesh: -1 means "all remaining devices".
+    mesh_data: int = -1
+    mesh_fsdp: int = 1
+    # Data: "" = default corpus (stdlib sources, prepared once into a local cache).
+    data: str = ""
+    shuffle: bool = True
+    # Logging and checkpoints.
+    log_every: int = 1
+    checkpoint_every: int = 5  # steps; 0 disables step-based saves
+    checkpoint_every_seconds: float = 0.0  # 0 disables time-based saves
+    checkpoint_async: bool = True
+    keep_latest: int = 3
+    keep_every: int = 0  # additionally keep every M-th step; 0 disables
+    heartbeat_seconds: float = 2.0
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(d_model=64, n_layers=2, n_heads=4, d_ff=192, seq_len=64, batch_size=8, steps=20),
+    "small": dict(
+        d_model=512,
+        n_layers=8,
+        n_heads=8,
+        d_ff=1536,
+        seq_len=256,
+        batch_size=16,
+        steps=50,
+        learning_rate=1e-3,
+        warmup_steps=10,
+        log_every=5,
+        checkpoint_every=25,
+    ),
+    "350m": dict(
+        d_model=1024,
+        n_layers=24,
+        n_heads=16,
+        d_ff=4096,
+        seq_len=2048,
+        batch_size=64,
+        batch_size_by_generation={"v4": 256, "v5e": 256, "v5p": 512, "v6e": 512, "h100": 64},
+        steps=20000,
+        learning_rate=3e-4,
+        warmup_steps=1000,
+        log_every=10,
+        checkpoint_every=500,
+        checkpoint_every_seconds=1800,
+        keep_every=5000,
+        mesh_data=1,
+        mesh_fsdp=-1,
+    ),
+    "1b": dict(
+        d_model=2048,
+        n_layers=20,
+        n_heads=16,
+        d_ff=5632,
+        seq_len=2048,
+        batch_size=64,
+        batch_size_by_generation={"v4": 256, "v5e": 128, "v5p": 512, "v6e": 256, "h100": 32},
+        steps=50000,
+        learning_rate=2e-4,
+        warmup_steps=2000,
+        log_every=10,
+        checkpoint_every=500,
+        checkpoint_every_seconds=1800,
+        keep_every=5000,
+        mesh_data=1,
+        mesh_fsdp=-1,
+    ),
+}
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _coerce(key: str, raw: str):
+    """Parses a `--set` value with the type of the field's default."""
+    default = getattr(Config(), key)
+    try:
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        if isinstance(default, dict):
+            value = yaml.safe_load(raw)
+            if not isinstance(value, dict):
+                raise ValueError(raw)
+            return value
+    except ValueError:
+        raise BadInput(f"--set {key}={raw}: expected {type(default).__name__}") from None
+    return raw
+
+
+def _check_keys(overrides: dict, where: str) -> None:
+    for key in overrides:
+        if key not in FIELDS:
+            raise BadInput(f"unknown config key {key!r} in {where} (known: {', '.join(FIELDS)})")
+
+
+def load_config(name: str, sets: list[str] = (), **direct) -> Config:
+    """Preset name or YAML path, then `--set` overrides, then direct (flag) values."""
+    if name in PRESETS:
+        values = dict(PRESETS[name])
+    elif name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        try:
+            loaded = yaml.safe_load(Path(name).read_text()) or {}
+        except yaml.YAMLError as e:
+            raise BadInput(f"config {name}: invalid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(loaded, dict):
+            raise BadInput(f"config {name}: expected a mapping")
+        base = loaded.pop("preset", None)
+        values = dict(PRESETS.get(base, {})) if base is not None else {}
+        if base is not None and base not in PRESETS:
+            raise BadInput(f"config {name}: unknown preset {base!r}")
+        _check_keys(loaded, name)
+        values.update(loaded)
+    else:
+        raise BadInput(f"unknown config {name!r}: use one of {', '.join(PRESETS)} or a .yaml file")
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise BadInput(f"--set {item!r}: expected key=value")
+        _check_keys({key: None}, "--set")
+        values[key] = _coerce(key, raw)
+    values.update({k: v for k, v in direct.items() if v is not None})
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
+        raise BadInput(f"d_model={cfg.d_model} must split into {cfg.n_heads} even-sized heads")
+    for key in ("batch_size", "steps", "seq_len", "n_layers", "log_every"):
+        if getattr(cfg, key) <= 0:
+            raise BadInput(f"{key} must be positive, got {getattr(cfg, key)}")
+    if cfg.keep_latest < 1:
+        raise BadInput("keep_latest must be >= 1")
+
+
+def with_generation_batch(cfg: Config, generation: str | None) -> Config:
+    """Applies the per-generation global batch size when the device generation has one."""
+    if generation and generation in cfg.batch_size_by_generation:
+        return dataclasses.replace(cfg, batch_size=int(cfg.batch_size_by_generation[generation]))
+    return cfg
+
+
+def shape_signature(cfg: Config) -> dict:
+    """The fields that fix parameter shapes: a checkpoint only restores into the same ones."""
+    keys = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff")
+    return {k: getattr(cfg, k) for k in keys}

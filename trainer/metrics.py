@@ -1,0 +1,123 @@
+"""Throughput, MFU, JSON-lines logs, TensorBoard events and the heartbeating status file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+
+from trainer import storage
+from trainer.status import StatusFile
+
+# Dense bf16 peak FLOP/s per chip (vendor datasheets).
+PEAK_FLOPS = {
+    "v4": 275e12,
+    "v5e": 197e12,
+    "v5p": 459e12,
+    "v6e": 918e12,
+    "h100": 989e12,
+    "h200": 989e12,
+}
+
+
+def generation(device) -> str | None:
+    """Maps jax's device_kind ("TPU v5 lite", "NVIDIA H100 80GB HBM3", ...) to a table key."""
+    kind = device.device_kind.lower()
+    for needle, gen in (
+        ("v6", "v6e"),
+        ("v5 lite", "v5e"),
+        ("v5e", "v5e"),
+        ("v5", "v5p"),
+        ("v4", "v4"),
+        ("h100", "h100"),
+        ("h200", "h200"),
+    ):
+        if needle in kind:
+            return gen
+    return None
+
+
+def measure_dot_peak(dtype=jnp.float32, n: int = 2048, repeats: int = 5) -> float:
+    """This process's matmul FLOP/s, measured with a jnp.dot probe (the CPU 'peak')."""
+    a = jnp.ones((n, n), dtype)
+    dot = jax.jit(lambda x, y: jnp.dot(x, y))
+    dot(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dot(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def peak_flops(dtype) -> tuple[float, str]:
+    """Total peak FLOP/s over all global devices, and where the figure comes from."""
+    gen = generation(jax.devices()[0])
+    if gen is not None:
+        return PEAK_FLOPS[gen] * jax.device_count(), f"table:{gen}"
+    return measure_dot_peak(dtype) * jax.process_count(), "measured:jnp.dot"
+
+
+class Heartbeat:
+    """Thread-safe status file plus a background heartbeat, so long steps never look hung."""
+
+    def __init__(self, path, process_id: int, interval: float):
+        self._file = StatusFile(path, process_id)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True)
+        self._thread.start()
+
+    @property
+    def status(self):
+        return self._file.status
+
+    def update(self, **changes) -> None:
+        with self._lock:
+            self._file.update(**changes)
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            with contextlib.suppress(OSError):
+                self.update()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class MetricsLog:
+    """JSON lines on stdout (process 0 only) and TensorBoard events under `<workdir>/tb`."""
+
+    def __init__(self, workdir: str, enabled: bool):
+        self.enabled = enabled
+        self._tb = None
+        if enabled:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self._tb = SummaryWriter(storage.join(workdir, "tb"), flush_secs=10)
+            except Exception as e:  # noqa: BLE001 - metrics must never kill training
+                self.event("tensorboard_disabled", reason=str(e)[:200])
+
+    def event(self, name: str, **fields) -> None:
+        if self.enabled:
+            print(json.dumps({"event": name, **fields}), flush=True)
+            sys.stdout.flush()
+
+    def scalars(self, step: int, values: dict) -> None:
+        if not self.enabled:
+            return
+        print(json.dumps({"step": step, **values}), flush=True)
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, int | float):
+                    self._tb.add_scalar(f"train/{key}", value, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

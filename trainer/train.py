@@ -1,0 +1,182 @@
+"""The training run, top to bottom: setup, restore-or-init, compile, loop, save, summary.
+
+Exit codes (trainer.status): 0 done, 2 bad input, 75 preempted with its checkpoint committed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+
+from trainer import data, storage
+from trainer.checkpoint import Checkpoints, Preemption
+from trainer.config import Config
+from trainer.metrics import Heartbeat, MetricsLog, peak_flops
+from trainer.model import count_params, flops_per_token
+from trainer.sharding import Setup, compute_dtype, make_mesh, params_fingerprint
+from trainer.status import EXIT_DONE, EXIT_PREEMPTED, TrainerState
+
+
+class CacheHits:
+    """Counts persistent compilation cache hits reported through jax.monitoring."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        def listener(event: str, **kwargs) -> None:
+            if event == "/jax/compilation_cache/cache_hits":
+                cls.count += 1
+
+        jax.monitoring.register_event_listener(listener)
+
+
+def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int:
+    t_start = time.time()
+    pid = jax.process_index()
+    log = MetricsLog(workdir, enabled=pid == 0)
+
+    # 1. Mesh, model, optimizer, shardings; this process's slice of the data.
+    mesh = make_mesh(cfg)
+    setup = Setup(cfg, mesh)
+    tokens, source = data.load_source_tokens(cfg)
+    data_iter = data.make_iterator(cfg, tokens)
+    n_params = count_params(setup.abstract_state["params"])
+    log.event(
+        "setup",
+        params=n_params,
+        devices=jax.device_count(),
+        processes=jax.process_count(),
+        mesh=dict(mesh.shape),
+        data=source,
+        data_tokens=int(len(tokens)),
+        config=cfg.__dict__,
+    )
+
+    # 2. Resume from the latest committed checkpoint, or create a fresh state already sharded.
+    checkpoints = Checkpoints(workdir, cfg, jax.process_count())
+    restored_from = checkpoints.committed
+    if restored_from is not None:
+        checkpoints.check_compatible(restored_from)
+        state, data_iter = checkpoints.restore(restored_from, setup.abstract_state, data_iter)
+        log.event("restored", step=restored_from, directory=checkpoints.directory)
+    else:
+        state = setup.init_state(cfg.seed)
+    step = int(jax.device_get(state["step"]))
+    hb.update(
+        state=TrainerState.COMPILING,
+        step=step,
+        restored_from=restored_from,
+        last_checkpoint=checkpoints.committed,
+    )
+
+    # 3. Compile the train step (from the persistent cache when a previous start compiled it).
+    hits_before = CacheHits.count
+    t0 = time.perf_counter()
+    train_step = setup.lower_train_step().compile()
+    cache_hit = CacheHits.count > hits_before
+    log.event("compiled", seconds=round(time.perf_counter() - t0, 3), compile_cache_hit=cache_hit)
+    peak, peak_source = peak_flops(compute_dtype(cfg))
+    flops_step = flops_per_token(cfg, n_params) * cfg.batch_size * cfg.seq_len
+    hb.update(state=TrainerState.TRAINING, compile_cache_hit=cache_hit)
+
+    # 4. The loop. Metrics of step s are read after step s+1 is dispatched: the host never stalls
+    # the device. Saves and the preemption check happen at every step boundary, on every process.
+    pending = None  # (step, device metrics) not yet read
+    last_report = (step, time.perf_counter())
+    last_metrics: dict = {}
+    preempted = False
+
+    def report(done_step: int, metrics) -> None:
+        nonlocal last_report, last_metrics
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        last_metrics = values
+        if done_step % cfg.log_every and done_step != cfg.steps:
+            return
+        now = time.perf_counter()
+        step_time = (now - last_report[1]) / max(done_step - last_report[0], 1)
+        last_report = (done_step, now)
+        tokens_per_s = cfg.batch_size * cfg.seq_len / step_time
+        values.update(
+            step_time=step_time,
+            tokens_per_s=tokens_per_s,
+            model_flops_per_s=flops_step / step_time,
+            mfu=flops_step / step_time / peak,
+            peak_flops=peak,
+            peak_source=peak_source,
+        )
+        log.scalars(done_step, values)
+        hb.update(
+            step=done_step,
+            loss=values["loss"],
+            tokens_per_s=tokens_per_s,
+            last_checkpoint=checkpoints.poll(),
+        )
+
+    with mesh:
+        while step < cfg.steps:
+            batch = data.global_batch(next(data_iter), cfg, setup.batch_sharding)
+            state, metrics = train_step(state, batch)
+            step += 1
+            if pending is not None:
+                report(*pending)
+            pending = (step, metrics)
+            preempted = preemption.reached(step, checkpoints)
+            if preempted or checkpoints.should_save(step):
+                hb.update(state=TrainerState.SAVING, step=step)
+                checkpoints.save(step, state, data_iter)
+                hb.update(state=TrainerState.TRAINING)
+            if preempted:
+                break
+        if pending is not None:
+            report(*pending)
+
+    # 5. Preempted: wait for the commit, then exit 75 so the supervisor restarts us.
+    if preempted:
+        committed = checkpoints.wait()
+        checkpoints.close()
+        log.event("preempted", step=step, committed=committed)
+        hb.update(
+            state=TrainerState.PREEMPTED,
+            step=step,
+            last_checkpoint=committed,
+            exit_code=EXIT_PREEMPTED,
+            message=f"preempted at step {step}, checkpoint committed",
+        )
+        log.close()
+        return EXIT_PREEMPTED
+
+    # 6. Done: make sure the final step is committed, then write summary.json.
+    if checkpoints.committed != step and checkpoints.manager.latest_step() != step:
+        hb.update(state=TrainerState.SAVING, step=step)
+        checkpoints.save(step, state, data_iter)
+    committed = checkpoints.wait()
+    checkpoints.close()
+    fingerprint, params_norm = params_fingerprint(state["params"])
+    summary = {
+        "final_step": step,
+        "final_loss": last_metrics.get("loss"),
+        "tokens_seen": step * cfg.batch_size * cfg.seq_len,
+        "wall_time_s": round(time.time() - t_start, 3),
+        "params_fingerprint": fingerprint,
+        "params_norm": params_norm,
+        "params": n_params,
+        "restored_from": restored_from,
+        "compile_cache_hit": cache_hit,
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+    }
+    if pid == 0:
+        storage.write_bytes(storage.join(workdir, "summary.json"), json.dumps(summary).encode())
+    log.event("done", **summary)
+    log.close()
+    hb.update(
+        state=TrainerState.DONE,
+        step=step,
+        last_checkpoint=committed,
+        exit_code=EXIT_DONE,
+        loss=last_metrics.get("loss"),
+    )
+    return EXIT_DONE
