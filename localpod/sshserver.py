@@ -48,6 +48,8 @@ async def _pump_out(pipe, writer: asyncssh.SSHWriter) -> None:
         while data := await reader.read(_CHUNK):
             writer.write(data)
             await writer.drain()
+    except (OSError, asyncssh.Error):
+        pass  # the client went away: closing our end gives the command EPIPE, as with sshd
     finally:
         transport.close()
 
@@ -80,7 +82,7 @@ def make_handler(env: dict[str, str], home: Path, spawn: Spawn):
         _, pending = await asyncio.wait(pumps, timeout=OUTPUT_GRACE_S)
         for task in (*pending, feeder):
             task.cancel()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, asyncssh.Error):
             process.exit(code if code >= 0 else 128 - code)
 
     return handle

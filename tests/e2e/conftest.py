@@ -68,6 +68,11 @@ def ssh_run() -> Callable[[WorkerInfo, str], str]:
     return run
 
 
+@pytest.fixture(scope="session", name="connect")
+def connect_fixture() -> Callable[[WorkerInfo], fabric.Connection]:
+    return connect
+
+
 @pytest.fixture(scope="session")
 def booted() -> Callable[[LocalPod], None]:
     return wait_booted

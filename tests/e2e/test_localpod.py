@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -33,7 +34,7 @@ def _worker_tree(pod: LocalPod) -> list[procs.Proc]:
     return found
 
 
-def test_fabric_runs_a_command_on_each_worker(pod: LocalPod, ssh_run) -> None:
+def test_fabric_runs_a_command_on_each_worker(pod: LocalPod, ssh_run, connect) -> None:
     info = pod.describe()
     assert info.state == SliceState.READY and info.health == "HEALTHY"
     assert [w.host for w in info.workers] == [f"127.0.{info.pod['subnet']}.{i}" for i in (1, 2)]
@@ -41,6 +42,13 @@ def test_fabric_runs_a_command_on_each_worker(pod: LocalPod, ssh_run) -> None:
         out = ssh_run(worker, 'echo "$HOME|$TPUPOD_ROOT|$JAX_PLATFORMS|$TPUPOD_LOCAL_POD"').strip()
         home = Path(info.pod["pod_dir"]) / "workers" / str(worker.index) / "home"
         assert out == f"{home}|{home}/tpupod|cpu|1"
+    # Exit codes, stderr, a pty and SFTP behave as on a real sshd.
+    with connect(info.workers[1]) as conn:
+        failed = conn.run("echo oops >&2; exit 7", hide=True, warn=True, in_stream=False)
+        assert (failed.exited, failed.stderr) == (7, "oops\n")
+        assert conn.run("echo tty", pty=True, hide=True, in_stream=False).stdout.strip() == "tty"
+        conn.put(io.StringIO("via sftp\n"), "sftp.txt")
+        assert conn.run("cat ~/sftp.txt", hide=True, in_stream=False).stdout == "via sftp\n"
 
 
 def test_metadata_answers_each_worker_as_itself(pod: LocalPod, ssh_run) -> None:

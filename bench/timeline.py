@@ -1,0 +1,53 @@
+"""The goodput timeline: training step against wall time, with recovery events marked.
+
+Input is what a run leaves behind: (time, step) samples of the trainers' progress and the watch
+journal's events. Output is one PNG a person can read at a glance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on CI or TPU hosts
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Journal event -> (colour, line style, legend label).
+MARKS = {
+    "preempt": ("tab:red", "-", "preemption (notice)"),
+    "kill": ("darkred", "-", "kill (no notice)"),
+    "hang": ("tab:purple", "-", "hang injected"),
+    "crash": ("tab:brown", "-", "crash injected"),
+    "detected": ("tab:orange", "--", "detected"),
+    "resumed": ("tab:green", ":", "resumed"),
+}
+
+
+def plot(samples: list[tuple[float, int]], events: list[dict], out: Path, title: str) -> Path:
+    """Draw the step curve from `samples` (unix time, step) and a line per marked event."""
+    if not samples:
+        raise ValueError("no progress samples to plot")
+    t0 = min(t for t, _ in samples)
+    fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
+    ax.plot([t - t0 for t, _ in samples], [s for _, s in samples], color="tab:blue",
+            linewidth=1.6, label="step")
+    seen: set[str] = set()
+    for event in events:
+        mark = MARKS.get(event.get("event", ""))
+        if mark is None:
+            continue
+        colour, style, label = mark
+        ax.axvline(event["time"] - t0, color=colour, linestyle=style, linewidth=1.1,
+                   label=None if label in seen else label)
+        seen.add(label)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("training step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
