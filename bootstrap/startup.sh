@@ -289,7 +289,10 @@ phase() {
   elif [ -s "$BOOTSTRAP_STATE/reason" ]; then
     reason=$(cat "$BOOTSTRAP_STATE/reason")
   else
-    reason="exit $rc: $(tail -n 1 "$BOOTSTRAP_STATE/$name.out" | cut -d' ' -f3-)"
+    # The first error line names the cause better than the last line (often a hint).
+    reason=$(cut -d' ' -f3- "$BOOTSTRAP_STATE/$name.out" | grep -i -m 1 'error' ||
+      tail -n 1 "$BOOTSTRAP_STATE/$name.out" | cut -d' ' -f3-)
+    reason="exit $rc: $reason"
   fi
   record phase-failed "$name" "$reason"
   log "$name" "FAILED: $reason"

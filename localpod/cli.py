@@ -69,6 +69,10 @@ def _up(args: argparse.Namespace) -> int:
     console.print(
         f"up in {time.monotonic() - started:.1f} s; workers are booting (startup-script)."
     )
+    console.print(
+        f"boot logs: {pod.paths.root}/workers/<i>/startup-script.log; next: tpupod status, "
+        "tpupod local preempt|crash|hang, tpupod local down"
+    )
     return 0
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +83,7 @@ class LocalPod:
         self.bucket = bucket
         self.stack = stack
         self._controller: subprocess.Popen | None = None
+        self._controller_start: int | None = None
 
     # -- daemon ------------------------------------------------------------------------------
     def _pod(self) -> dict | None:
@@ -145,6 +148,7 @@ class LocalPod:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self._controller_start = procs.start_time(self._controller.pid)
         while (pod := self._pod()) is None or pod.get("controller_pid") != self._controller.pid:
             if self._controller.poll() is not None or time.monotonic() > deadline:
                 lines = self.paths.controller_log.read_text().strip().splitlines() or ["no output"]
@@ -154,15 +158,29 @@ class LocalPod:
     def down(self) -> bool:
         """Stop everything the pod started, by pid; True when something was running."""
         pod = self._pod()
-        if pod is None:
-            return False
-        pid, start = pod["controller_pid"], pod["controller_start"]
-        if procs.alive(pid, start):
-            with contextlib.suppress(PodError):
-                self._request("POST", "/shutdown", timeout=5)
+        controllers = []
+        if pod:
+            controllers.append((pod["controller_pid"], pod["controller_start"]))
+        if self._controller is not None:  # ours, maybe still starting (no pod.json yet)
+            controllers.append((self._controller.pid, self._controller_start))
+        running = {(pid, start) for pid, start in controllers if procs.alive(pid, start)}
+        for pid, _ in running:
+            os.kill(pid, signal.SIGTERM)  # the controller stops its children, then exits
+        for pid, start in running:
             if not procs.wait_gone(pid, start, timeout=30):
                 procs.kill_tree(pid, include_root=True)
-        # A controller that died without cleaning up leaves its children behind: find them.
+        if pod:
+            self._kill_leftovers(pod)
+        if self._controller is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._controller.wait(timeout=5)
+            self._controller = None
+        self.paths.pod.unlink(missing_ok=True)
+        return bool(pod or running)
+
+    def _kill_leftovers(self, pod: dict) -> None:
+        """What a controller that died without cleaning up left behind (agents re-parented to
+        init take their whole worker with them)."""
         if procs.alive(pod["emulator_pid"], pod["emulator_start"]):
             procs.kill_tree(pod["emulator_pid"], include_root=True)
         for ready in self.paths.root.glob("workers/*/ready"):
@@ -171,12 +189,6 @@ class LocalPod:
                 cmdline = Path(f"/proc/{agent}/cmdline").read_bytes()
                 if str(ready.with_name("agent.json")).encode() in cmdline:
                     procs.kill_tree(agent, include_root=True)
-        if self._controller is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._controller.wait(timeout=5)
-            self._controller = None
-        self.paths.pod.unlink(missing_ok=True)
-        return True
 
     # -- slice -------------------------------------------------------------------------------
     def describe(self) -> PodInfo:

@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 from localpod import procs
 from localpod.environment import worker_env
@@ -31,7 +33,6 @@ DELETE_GRACE_S = 3.0
 class Agent:
     index: int
     popen: subprocess.Popen
-    start: int | None
 
 
 class Slice:
@@ -54,7 +55,9 @@ class Slice:
         self.health: str | None = None
         self.detail: str | None = "not created"
         self._agents: dict[int, Agent] = {}
-        self._busy = False  # preempting or deleting: agents dying is expected
+        self._busy = False  # preempting or shutting down: agents dying is expected
+        for left in (paths.root / "trash").glob("*"):  # from a controller that stopped mid-wipe
+            threading.Thread(target=shutil.rmtree, args=(left, True), daemon=True).start()
 
     # -- reading -----------------------------------------------------------------------------
     def describe(self) -> dict:
@@ -91,24 +94,34 @@ class Slice:
             check_transition(self.state, new)
             self.state, self.health, self.detail = new, health, detail
 
-    def _begin(self, new: SliceState, allowed_from: set[SliceState], what: str) -> None:
+    def _start_op(
+        self,
+        what: str,
+        allowed_from: set[SliceState],
+        target: Callable[[], None],
+        begin: Callable[[], None],
+    ) -> None:
+        """Check and take the one-operation lock in the caller (so two calls cannot both pass),
+        apply the first state change, then run `target` in the background; it frees the lock."""
         with self._lock:
-            if self.state not in allowed_from or self._op.locked():
-                busy = " (an operation is running)" if self._op.locked() else ""
-                raise PodError(f"cannot {what}: slice is {self.state}{busy}")
-            self._set(new, detail=f"{what} in progress")
+            if self.state not in allowed_from:
+                raise PodError(f"cannot {what}: slice is {self.state}")
+            if not self._op.acquire(blocking=False):
+                raise PodError(f"cannot {what}: another operation is running ({self.detail})")
+            begin()
 
-    def _in_background(self, target: Callable[[], None]) -> None:
         def run() -> None:
-            with self._op:
+            try:
                 target()
+            finally:
+                self._op.release()
 
         threading.Thread(target=run, daemon=True).start()
 
     # -- create ------------------------------------------------------------------------------
     def create(self) -> None:
-        self._begin(SliceState.CREATING, {SliceState.MISSING}, "create")
-        self._in_background(self._create)
+        begin = partial(self._set, SliceState.CREATING, detail="creating")
+        self._start_op("create", {SliceState.MISSING}, self._create, begin)
 
     def _create(self) -> None:
         try:
@@ -130,7 +143,7 @@ class Slice:
     def _spawn_agent(self, index: int) -> None:
         """A fresh disk (wiped worker dir), its authorized_keys, then the agent process."""
         worker_dir = self.paths.worker(index)
-        shutil.rmtree(worker_dir, ignore_errors=True)
+        self._wipe(worker_dir)
         home = self.paths.home(index)
         (home / ".ssh").mkdir(parents=True)
         authorized = home / ".ssh" / "authorized_keys"
@@ -163,7 +176,17 @@ class Slice:
                 start_new_session=True,
             )
         with self._lock:
-            self._agents[index] = Agent(index, popen, procs.start_time(popen.pid))
+            self._agents[index] = Agent(index, popen)
+
+    def _wipe(self, path: Path) -> None:
+        """Move the old disk aside at once and delete it in the background: a worker's .venv
+        has tens of thousands of files and deleting them would hold up the create."""
+        if not path.exists():
+            return
+        trash = self.paths.root / "trash" / f"{path.name}-{time.time_ns()}"
+        trash.parent.mkdir(exist_ok=True)
+        path.rename(trash)
+        threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True).start()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + CREATE_TIMEOUT_S
@@ -182,17 +205,14 @@ class Slice:
 
     # -- delete ------------------------------------------------------------------------------
     def delete(self) -> None:
-        allowed = {SliceState.CREATING, SliceState.READY, SliceState.PREEMPTED}
-        self._begin(SliceState.DELETING, allowed | {SliceState.TERMINATED}, "delete")
-        with self._lock:
-            self._busy = True
-        self._in_background(self._delete)
+        allowed = {SliceState.READY, SliceState.PREEMPTED, SliceState.TERMINATED}
+        begin = partial(self._set, SliceState.DELETING, detail="deleting")
+        self._start_op("delete", allowed, self._delete, begin)
 
     def _delete(self) -> None:
         self._stop_agents(grace=DELETE_GRACE_S)
         self.store.set_preempted(False)
         with self._lock:
-            self._busy = False
             self._set(SliceState.MISSING, detail="deleted")
 
     def _stop_agents(self, grace: float) -> None:
@@ -214,13 +234,14 @@ class Slice:
 
     # -- faults ------------------------------------------------------------------------------
     def preempt(self, notice: float) -> None:
-        with self._lock:
-            if self.state != SliceState.READY or self._op.locked():
-                raise PodError(f"cannot preempt: slice is {self.state}")
-            self._busy = True
+        """GCE's spot preemption: preempted=TRUE, SIGTERM, SIGKILL when the notice runs out."""
+
+        def begin() -> None:
+            self._busy = True  # READY while the notice runs; dying agents are expected
             self.store.set_preempted(True)
             self.health, self.detail = "UNHEALTHY_MAINTENANCE", f"preemption notice {notice:g} s"
-        self._in_background(lambda: self._preempt(notice))
+
+        self._start_op("preempt", {SliceState.READY}, lambda: self._preempt(notice), begin)
 
     def _preempt(self, notice: float) -> None:
         self._stop_agents(grace=notice)

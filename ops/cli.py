@@ -41,7 +41,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tpupod: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,10 +33,10 @@ NOTICE_S = 20.0
 REFERENCE_COMMAND = (
     f"R={REMOTE_ROOT}; cd -P \"$R/current\" && "
     "while IFS='=' read -r k v; do export \"$k=$v\"; done < \"$R/trainer.env\" && "
-    'export TPUPOD_WORKDIR="gs://{bucket}/' + REFERENCE_PREFIX + '" '
+    'export TPUPOD_WORKDIR="gs://BUCKET/' + REFERENCE_PREFIX + '" '
     'TPUPOD_STATUS_FILE="$R/reference-status.json" && '
     'read -r -a args <<< "$TPUPOD_TRAINER_ARGS" && '
-    '.venv/bin/python -m trainer "${{args[@]}}" > "$R/reference.log" 2>&1'
+    '.venv/bin/python -m trainer "${args[@]}" > "$R/reference.log" 2>&1'
 )
 
 
@@ -97,7 +97,7 @@ def read_object(pod_info, path: str) -> dict | None:
 def run_reference(pod, console: Console) -> tuple[dict | None, float]:
     info = pod.describe()
     started = time.time()
-    command = REFERENCE_COMMAND.format(bucket=info.pod.get("bucket", "tpupod-local"))
+    command = REFERENCE_COMMAND.replace("BUCKET", info.pod.get("bucket", "tpupod-local"))
     from ops.providers.local import LocalProvider
 
     workers = LocalProvider(pod).describe().workers

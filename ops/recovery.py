@@ -118,19 +118,16 @@ class Limits:
     """Seconds. `hang` is H: the heartbeat age that counts as a hang while training."""
 
     hang: float = 60.0
-    start: float = 900.0  # initializing + compiling without a heartbeat (cold compile on a pod)
-    save: float = 600.0
+    start: float = 900.0  # (re)start -> first status of the new trainer
     bootstrap: float = 1800.0
     ssh: float = 120.0
     preempt_grace: float = 60.0  # trainer preempted but the node stays READY
     transient: float = 1800.0  # CREATING/REPAIRING/... before we recreate anyway
 
     def heartbeat_limit(self, state: TrainerState) -> float:
-        return {
-            TrainerState.INITIALIZING: self.start,
-            TrainerState.COMPILING: self.start,
-            TrainerState.SAVING: self.save,
-        }.get(state, self.hang)
+        """The trainer beats from a thread (trainer.metrics.Heartbeat) in every state, through
+        compiles and saves: a stale heartbeat means a frozen process whatever the state."""
+        return self.hang
 
     def deadline(self, condition: WorkerCondition) -> float:
         return {

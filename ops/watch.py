@@ -128,7 +128,7 @@ class Watcher:
     def _wait(self, decision: Decision, probes: list[Probe]) -> None:
         if decision.condition is WorkerCondition.PREEMPTED:
             self._detect("preemption", decision.reason)  # notice seen before the node went away
-        elif self.incident is not None and probes and self._resumed(probes):
+        elif self._recovering() and probes and self._resumed(probes):
             self._finish_incident(probes)
 
     def _recreate(self, decision: Decision, probes: list[Probe], failure: bool = False) -> None:
@@ -194,7 +194,7 @@ class Watcher:
         self._restart(decision, probes, failure=False)
 
     def _finish(self, decision: Decision, probes: list[Probe]) -> int:
-        if self.incident is not None and "resumed" not in self.incident.phases:
+        if self._recovering():
             self._finish_incident(probes)
         step = max((p.status.step for p in probes if p.status), default=self.last_step)
         self.journal.event(
@@ -209,10 +209,13 @@ class Watcher:
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _detect(self, kind: str, reason: str) -> None:
-        if self.incident is not None and "resumed" not in self.incident.phases:
+        if self._recovering():
             return  # the same incident, still being recovered
         self.incident = Incident(kind, reason, time.time(), self.last_step)
         self.journal.event("detected", f"{kind}: {reason}", kind=kind, step=self.last_step)
+
+    def _recovering(self) -> bool:
+        return self.incident is not None and "resumed" not in self.incident.phases
 
     def _charge(self, reason: str) -> None:
         if self.failures >= self.config.max_failures:

@@ -9,6 +9,7 @@ once every process has finished, so a step cut off mid-write is never listed, ne
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -51,8 +52,16 @@ class Checkpoints:
             cleanup_tmp_directories=True,
             create=True,
         )
+        # OCDBT needs GCS conditional writes (generations), which the storage emulator lacks.
+        use_ocdbt = not os.environ.get("STORAGE_EMULATOR_HOST")
         self.manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "data", "meta")
+            self.directory,
+            options=options,
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(use_ocdbt=use_ocdbt),
+                "data": grain.checkpoint.CheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+            },
         )
         self.committed: int | None = self.manager.latest_step()
         self._pending: int | None = None

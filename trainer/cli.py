@@ -138,11 +138,18 @@ def main(argv: list[str] | None = None) -> int:
 
         workdir = storage.normalize(args.workdir)
         storage.check_writable(workdir, args.process_id or 0)
-        _init_distributed(args)
-        _configure_compile_cache(
-            args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
-        )
+        distributed = _init_distributed(args)
         import jax
+
+        # JAX writes cache entries from process 0 only, and on CPU the other processes' cache keys
+        # differ: process 0 would load a cached program while process 1 compiles a fresh one, and
+        # their gloo collectives deadlock. So multi-process CPU runs (the local pod) skip the cache.
+        if distributed and jax.default_backend() == "cpu":
+            print('{"event": "compile_cache_disabled", "reason": "multi-process CPU"}', flush=True)
+        else:
+            _configure_compile_cache(
+                args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
+            )
 
         from trainer import train
         from trainer.config import with_generation_batch

@@ -115,6 +115,7 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
             last_checkpoint=checkpoints.poll(),
         )
 
+    t_loop = time.perf_counter()
     with mesh:
         while step < cfg.steps:
             batch = data.global_batch(next(data_iter), cfg, setup.batch_sharding)
@@ -132,12 +133,13 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
                 break
         if pending is not None:
             report(*pending)
+    loop_s = time.perf_counter() - t_loop
 
     # 5. Preempted: wait for the commit, then exit 75 so the supervisor restarts us.
     if preempted:
         committed = checkpoints.wait()
         checkpoints.close()
-        log.event("preempted", step=step, committed=committed)
+        log.event("preempted", step=step, committed=committed, loop_s=round(loop_s, 3))
         hb.update(
             state=TrainerState.PREEMPTED,
             step=step,
@@ -160,6 +162,7 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
         "final_loss": last_metrics.get("loss"),
         "tokens_seen": step * cfg.batch_size * cfg.seq_len,
         "wall_time_s": round(time.time() - t_start, 3),
+        "train_loop_s": round(loop_s, 3),
         "params_fingerprint": fingerprint,
         "params_norm": params_norm,
         "params": n_params,

@@ -112,8 +112,9 @@ def test_crash_and_hang_signal_the_trainer(pod: LocalPod, booted) -> None:
     assert pod.describe().state == SliceState.READY  # the VM is fine; only the trainer died
 
 
-def test_preempt_leaves_no_worker_process_then_recreate(pod: LocalPod, booted) -> None:
+def test_preempt_leaves_no_worker_process_then_recreate(pod: LocalPod, booted, ssh_run) -> None:
     booted(pod)
+    ssh_run(pod.describe().workers[0], "touch ~/old-disk")
     before = _worker_tree(pod)
     # Two agents and worker 1's stopped (SIGSTOP) trainer at least; worker 0's was crashed above.
     assert len(before) >= 3
@@ -127,7 +128,8 @@ def test_preempt_leaves_no_worker_process_then_recreate(pod: LocalPod, booted) -
     info = pod.wait_for({SliceState.READY}, timeout=60)
     assert not info.preempted and all(w.alive for w in info.workers)
     assert provider.describe().state == SliceState.READY
-    booted(pod)  # fresh disks, booted again
+    booted(pod)  # booted again, on a wiped disk
+    assert ssh_run(info.workers[0], "ls ~/old-disk 2>/dev/null || echo wiped").strip() == "wiped"
 
 
 def test_cli_status_and_errors(pod: LocalPod, tmp_path: Path) -> None:

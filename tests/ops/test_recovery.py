@@ -20,7 +20,7 @@ from trainer.status import TrainerState, TrainerStatus
 
 NOW = 10_000.0
 SINCE = 9_000.0
-LIMITS = Limits(hang=30, start=300, save=120, bootstrap=600, ssh=60, preempt_grace=20)
+LIMITS = Limits(hang=30, start=300, bootstrap=600, ssh=60, preempt_grace=20)
 OK = {"state": "ok", "phase": "trainer"}
 
 
@@ -78,9 +78,10 @@ def test_a_transition_stuck_past_its_deadline_is_recreated(state):
         (probe(age=NOW - SINCE + 5), WorkerCondition.STARTING),  # status of the previous run
         (probe(), WorkerCondition.RUNNING),
         (probe(age=31), WorkerCondition.HUNG),
-        (probe(state=TrainerState.COMPILING, age=100), WorkerCondition.RUNNING),
-        (probe(state=TrainerState.COMPILING, age=301), WorkerCondition.HUNG),
-        (probe(state=TrainerState.SAVING, age=100), WorkerCondition.RUNNING),
+        # the heartbeat comes from a thread: frozen in any state is a hang
+        (probe(state=TrainerState.COMPILING, age=10), WorkerCondition.RUNNING),
+        (probe(state=TrainerState.COMPILING, age=31), WorkerCondition.HUNG),
+        (probe(state=TrainerState.SAVING, age=31), WorkerCondition.HUNG),
         (probe(alive=False), WorkerCondition.FAILED),
         (probe(state=TrainerState.FAILED), WorkerCondition.FAILED),
         (probe(state=TrainerState.DONE), WorkerCondition.DONE),
