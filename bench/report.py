@@ -12,8 +12,8 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-HEADER = "| figure | value | goal | met | command | machine | date |"
-RULE = "| --- | --- | --- | --- | --- | --- | --- |"
+HEADER = "| figure | value | goal | met | notes | command | machine | date |"
+RULE = "| --- | --- | --- | --- | --- | --- | --- | --- |"
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 
 
@@ -27,12 +27,13 @@ class Figure:
     command: str = ""
     machine: str = ""
     date: str = ""
+    note: str = ""  # how to read the value: assumptions, merged phases, load
 
     def row(self) -> str:
         value = f"{self.value:.4g}" if isinstance(self.value, float) else str(self.value)
         met = {True: "yes", False: "no", None: ""}[self.met]
-        cells = [self.name, f"{value} {self.unit}".strip(), self.goal, met,
-                 f"`{self.command}`", self.machine, self.date]
+        cells = [self.name, f"{value} {self.unit}".strip(), self.goal, met, self.note,
+                 f"`{self.command}`", self.machine, self.date]  # fmt: skip
         return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 

@@ -24,22 +24,43 @@ MARKS = {
 }
 
 
-def plot(samples: list[tuple[float, int]], events: list[dict], out: Path, title: str) -> Path:
-    """Draw the step curve from `samples` (unix time, step) and a line per marked event."""
+def plot(
+    samples: list[tuple[float, int | None]], events: list[dict], out: Path, title: str
+) -> Path:
+    """Draw the step curve from `samples` (unix time, step; a None step breaks the line, e.g.
+    between two trainer processes), a line per marked event and a band per detected -> resumed."""
     if not samples:
         raise ValueError("no progress samples to plot")
     t0 = min(t for t, _ in samples)
     fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
-    ax.plot([t - t0 for t, _ in samples], [s for _, s in samples], color="tab:blue",
-            linewidth=1.6, label="step")
+    steps = [float("nan") if s is None else s for _, s in samples]
+    ax.plot([t - t0 for t, _ in samples], steps, color="tab:blue", linewidth=1.6, label="step")
+    detected = None
+    for event in sorted(events, key=lambda e: e["time"]):
+        if event.get("event") == "detected":
+            detected = event["time"]
+        elif event.get("event") == "resumed" and detected is not None:
+            ax.axvspan(
+                detected - t0,
+                event["time"] - t0,
+                color="0.85",
+                zorder=0,
+                label="recovering" if not ax.patches else None,
+            )
+            detected = None
     seen: set[str] = set()
     for event in events:
         mark = MARKS.get(event.get("event", ""))
         if mark is None:
             continue
         colour, style, label = mark
-        ax.axvline(event["time"] - t0, color=colour, linestyle=style, linewidth=1.1,
-                   label=None if label in seen else label)
+        ax.axvline(
+            event["time"] - t0,
+            color=colour,
+            linestyle=style,
+            linewidth=1.1,
+            label=None if label in seen else label,
+        )
         seen.add(label)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("training step")

@@ -115,7 +115,7 @@ phase_metadata() {
     MD_COORDINATOR_PORT:tpupod-coordinator-port:0; do
     IFS=: read -r var key required <<<"$spec"
     if value=$(attr "$key"); then
-      :
+      [ -n "$value" ] || [ "$required" = 0 ] || die "metadata key $key is empty"
     elif [ "$required" = 1 ]; then
       die "metadata key $key is missing"
     else
@@ -144,12 +144,21 @@ phase_uv() {
   if [ -n "$have" ] && uv_recent_enough "$have"; then
     echo "uv $have present at $(command -v uv)"
   else
-    # From PyPI, which the sync phase needs anyway; $TPUPOD_ROOT/bin leads PATH (main).
+    # From PyPI, which the sync phase needs anyway; else astral's installer. $TPUPOD_ROOT/bin
+    # leads PATH (main).
+    local dir="$TPUPOD_ROOT/tools/uv-$TPUPOD_UV_VERSION"
     echo "installing uv $TPUPOD_UV_VERSION (found: ${have:-none})"
-    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-      --target "$TPUPOD_ROOT/tools/uv-$TPUPOD_UV_VERSION" "uv==$TPUPOD_UV_VERSION"
     mkdir -p "$TPUPOD_ROOT/bin"
-    ln -sfn "$TPUPOD_ROOT/tools/uv-$TPUPOD_UV_VERSION/bin/uv" "$TPUPOD_ROOT/bin/uv"
+    if PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+      --no-warn-script-location --target "$dir" "uv==$TPUPOD_UV_VERSION"; then
+      ln -sfn "$dir/bin/uv" "$TPUPOD_ROOT/bin/uv"
+    else
+      echo "pip could not install uv; trying the official installer"
+      curl --silent --show-error --fail --location --retry 5 \
+        "https://astral.sh/uv/$TPUPOD_UV_VERSION/install.sh" |
+        env UV_INSTALL_DIR="$dir" UV_NO_MODIFY_PATH=1 sh
+      ln -sfn "$dir/uv" "$TPUPOD_ROOT/bin/uv"
+    fi
     echo "uv $(uv --version | awk '{print $2}') installed at $(command -v uv)"
   fi
   # TPU images ship Python 3.10; uv finds a recent enough one or downloads a managed one.

@@ -24,17 +24,35 @@ STOP_TIMEOUT="${TPUPOD_STOP_TIMEOUT:-60}"
 LOCKFILE="${TPUPOD_LIBTPU_LOCKFILE:-/tmp/libtpu_lockfile}"
 UNIT=tpupod-trainer.service
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+# /proc/PID/cwd is a physical path: compare with ROOT's.
+ROOT_PHYSICAL="$(cd "$ROOT" 2>/dev/null && pwd -P || echo "$ROOT")"
 
 have_systemd() { [ -d /run/systemd/system ]; }
 
-# The pid of the running trainer wrapper, or nothing. A pid from the file counts only while that
-# process is our wrapper: pids are reused, and the file survives reboots.
+# Pids in process group $1 whose working directory is one of our bundles: our trainer.
+our_group_members() {
+  local member
+  for member in $(ps -eo pid=,pgid= | awk -v g="$1" '$2 == g {print $1}'); do
+    case "$(readlink "/proc/$member/cwd" 2>/dev/null)" in
+    "$ROOT_PHYSICAL"/bundles/*) echo "$member" ;;
+    esac
+  done
+}
+
+# The process group (= the wrapper's pid) of the running trainer, or nothing. The pid in the file
+# counts only while it is our wrapper, or while its group still holds a process running from
+# one of our bundles (a trainer whose wrapper died): pids are reused, and the file survives
+# reboots.
 trainer_pid() {
   local pid
   pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'trainerctl.sh __run' || return 1
-  echo "$pid"
+  if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'trainerctl.sh __run' ||
+    [ -n "$(our_group_members "$pid")" ]; then
+    echo "$pid"
+  else
+    return 1
+  fi
 }
 
 cmd_status() {
@@ -51,10 +69,11 @@ cmd_status() {
 }
 
 cmd_bundle() {
-  local pid cwd
+  local pid member
   pid=$(trainer_pid) || return 1
-  cwd=$(readlink "/proc/$pid/cwd") || return 1
-  basename "$cwd"
+  member=$(our_group_members "$pid" | head -n 1)
+  [ -n "$member" ] || return 1
+  basename "$(readlink "/proc/$member/cwd")"
 }
 
 install_unit() {
@@ -100,7 +119,7 @@ cmd_start() {
 }
 
 cmd_stop() {
-  local pid waited=0
+  local pid waited=0 killed=""
   if have_systemd; then
     systemctl stop "$UNIT" || true
   fi
@@ -112,12 +131,15 @@ cmd_stop() {
   kill -TERM -- "-$pid" 2>/dev/null || true
   while kill -0 -- "-$pid" 2>/dev/null; do
     if [ "$waited" -ge $((STOP_TIMEOUT * 10)) ]; then
-      echo "trainer still running after ${STOP_TIMEOUT}s: SIGKILL"
+      [ -n "$killed" ] || echo "trainer still running after ${STOP_TIMEOUT}s: SIGKILL"
       kill -KILL -- "-$pid" 2>/dev/null || true
+      killed=1
     fi
     sleep 0.1
     waited=$((waited + 1))
   done
+  # SIGKILL took the wrapper too: record what it could not.
+  if [ -n "$killed" ] && [ ! -f "$EXITFILE" ]; then echo 137 >"$EXITFILE"; fi
   rm -f "$PIDFILE"
   echo "trainer stopped (exit code $(cat "$EXITFILE" 2>/dev/null || echo unknown))"
 }
@@ -136,33 +158,36 @@ cmd_clear_locks() {
 
 # The wrapper: the process group leader. It outlives the trainer to record its exit code.
 cmd_run() {
-  local key value child rc interrupted args=()
+  local key value child rc args=()
+  # Into the bundle first: from the pidfile on, the bundle is readable from our cwd.
+  cd -P "$ROOT/current"
   echo $$ >"$PIDFILE.tmp"
   mv "$PIDFILE.tmp" "$PIDFILE"
   while IFS='=' read -r key value; do
     [[ "$key" =~ ^[A-Z_][A-Z0-9_]*$ ]] && export "$key=$value"
   done <"$ENVFILE"
   read -r -a args <<<"${TPUPOD_TRAINER_ARGS:-}"
-  cd -P "$ROOT/current"
-  # SIGTERM reaches the whole group: the trainer saves and exits; we keep waiting for it.
-  trap 'interrupted=1; echo "trainerctl: SIGTERM, waiting for the trainer"' TERM
-  echo "trainerctl: $(date -u +%FT%TZ) starting python -m trainer ${args[*]} in $PWD"
+  # A handled (not ignored) signal is reset to the default in the child, so the trainer sees
+  # SIGTERM as usual; one arriving before the fork must not kill the wrapper either.
+  trap 'echo "trainerctl: SIGTERM"' TERM
+  echo "trainerctl: $(date -u +%FT%T.%3NZ) starting python -m trainer ${args[*]} in $PWD"
   if [ -n "${INVOCATION_ID:-}" ]; then
-    # Under systemd stdout is the journal; keep trainer.log as well.
-    .venv/bin/python -m trainer "${args[@]}" > >(tee -a "$LOGFILE") 2>&1 &
+    # Under systemd stdout is the journal; keep trainer.log as well. The unit's SIGTERM must
+    # not take tee down while the trainer still writes (SIGPIPE in the middle of its save).
+    .venv/bin/python -m trainer "${args[@]}" > >(trap '' TERM && exec tee -a "$LOGFILE") 2>&1 &
   else
     .venv/bin/python -m trainer "${args[@]}" &
   fi
   child=$!
-  # A trapped signal interrupts `wait` (status > 128); only an uninterrupted wait has the status.
-  while true; do
-    interrupted=0 rc=0
-    wait "$child" || rc=$?
-    [ "$interrupted" = 1 ] || break
-  done
+  # The group's SIGTERM is for the trainer (it saves, then exits); the wrapper ignores it and
+  # waits for the exit status. (A trapped signal would interrupt `wait`, and a second `wait`
+  # can lose the status in a race.)
+  trap '' TERM
+  rc=0
+  wait "$child" || rc=$?
   echo "$rc" >"$EXITFILE.tmp"
   mv "$EXITFILE.tmp" "$EXITFILE"
-  echo "trainerctl: $(date -u +%FT%TZ) trainer exited with $rc"
+  echo "trainerctl: $(date -u +%FT%T.%3NZ) trainer exited with $rc"
   rm -f "$PIDFILE"
   exit "$rc"
 }

@@ -23,8 +23,8 @@ from ops.workers import WorkerError, WorkerGroup
 
 # Per-provider defaults: a CPU pod compiles and boots in seconds, a TPU slice in minutes.
 WATCH_DEFAULTS = {
-    LOCAL: dict(hang=30.0, start=300.0, bootstrap=600.0, ready=180.0, grace=30.0),
-    "gcp": dict(hang=300.0, start=1800.0, bootstrap=1800.0, ready=1800.0, grace=60.0),
+    LOCAL: dict(hang=30.0, start=300.0, stall=180.0, bootstrap=600.0, ready=180.0, grace=30.0),
+    "gcp": dict(hang=300.0, start=1800.0, stall=1800.0, bootstrap=1800.0, ready=1800.0, grace=60.0),
 }
 LOG_FILES = {"trainer": "trainer.log", "bootstrap": "bootstrap.log"}
 
@@ -54,7 +54,9 @@ def ready_workers(provider: Provider) -> SliceInfo:
 # -- status ---------------------------------------------------------------------------------------
 def worker_table(info: SliceInfo, probes: list[Probe]) -> Table:
     """Per worker: bootstrap phase, trainer state, step, loss, tokens/s, checkpoint, heartbeat."""
-    table = Table(title=f"workers: slice {info.state}" + (f", {info.health}" if info.health else ""))
+    table = Table(
+        title=f"workers: slice {info.state}" + (f", {info.health}" if info.health else "")
+    )
     for column in ("worker", "bootstrap", "trainer", "step", "loss", "tokens/s", "checkpoint"):
         table.add_column(column, justify="right" if column in ("step", "loss") else "left")
     table.add_column("heartbeat", justify="right")
@@ -169,6 +171,7 @@ def watch_config(args: argparse.Namespace) -> WatchConfig:
     limits = Limits(
         hang=args.hang_timeout or d["hang"],
         start=d["start"],
+        stall=args.stall_timeout or d["stall"],
         bootstrap=d["bootstrap"],
         preempt_grace=d["grace"],
     )
@@ -236,6 +239,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "watch", parents=[stack], help="recover from preemptions, crashes and hangs until done"
     )
     watch.add_argument("--hang-timeout", type=float, help="heartbeat age (s) that is a hang")
+    watch.add_argument("--stall-timeout", type=float, help="seconds without a new step: a hang")
     watch.add_argument("--max-failures", type=int, default=3, help="failure restarts allowed")
     watch.add_argument("--poll", type=float, default=0.5, help="seconds between observations")
     watch.add_argument("--backoff", type=float, default=2.0, help="first backoff (s), doubling")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -28,11 +30,11 @@ from ops.workers import ROOT as REMOTE_ROOT
 from ops.workers import WorkerGroup
 
 REFERENCE_PREFIX = "runs/reference"
-NOTICE_S = 20.0
+NOTICE_S = 60.0  # SIGTERM -> SIGKILL; the trainer exits once its save is committed
 # The reference: the job's trainer.env, exported line by line (values hold spaces), new workdir.
 REFERENCE_COMMAND = (
-    f"R={REMOTE_ROOT}; cd -P \"$R/current\" && "
-    "while IFS='=' read -r k v; do export \"$k=$v\"; done < \"$R/trainer.env\" && "
+    f'R={REMOTE_ROOT}; cd -P "$R/current" && '
+    'while IFS=\'=\' read -r k v; do export "$k=$v"; done < "$R/trainer.env" && '
     'export TPUPOD_WORKDIR="gs://BUCKET/' + REFERENCE_PREFIX + '" '
     'TPUPOD_STATUS_FILE="$R/reference-status.json" && '
     'read -r -a args <<< "$TPUPOD_TRAINER_ARGS" && '
@@ -41,18 +43,26 @@ REFERENCE_COMMAND = (
 
 
 def demo_config(hang: float = 10.0) -> WatchConfig:
-    limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=NOTICE_S + 15)
+    limits = Limits(hang=hang, start=300.0, stall=120.0, bootstrap=600.0, ssh=60.0,
+                    preempt_grace=NOTICE_S + 15)  # fmt: skip
     return WatchConfig(limits=limits, poll=0.5, max_failures=3, ready_deadline=180.0,
                        backoff_base=1.0)  # fmt: skip
 
 
 @dataclass
-class FaultPlan:
-    """Injects one preemption with notice, then (after it resumed) one hang of worker 1."""
+class Fault:
+    kind: str  # the incident kind watch reports for it
+    at_step: int
+    inject: Callable[[object], object]  # LocalPod -> anything
+    label: str
 
+
+@dataclass
+class FaultPlan:
+    """Injects faults in order, each once the previous one has been recovered (on_poll hook)."""
+
+    faults: list[Fault]
     pod: object
-    preempt_at: int
-    hang_at: int
     injected: dict[str, float] = field(default_factory=dict)
     progress: Progress | None = None
     task: int | None = None
@@ -61,24 +71,33 @@ class FaultPlan:
         steps = [p.status.step for p in probes if p.status and p.status.heartbeat >= watcher.since]
         if self.progress is not None and steps:
             self.progress.update(self.task, completed=max(steps))
-        step = min(steps) if len(steps) == len(probes) and steps else -1
-        try:
-            if "preemption" not in self.injected and step >= self.preempt_at:
-                self.pod.preempt(notice=NOTICE_S, wait=False)
-                self.injected["preemption"] = time.time()
-                watcher.journal.event("injected", f"preemption with {NOTICE_S:g}s notice at ~{step}")
-            elif (
-                "hang" not in self.injected
-                and "preemption" in self.injected
-                and watcher.incident is not None
-                and "resumed" in watcher.incident.phases
-                and step >= self.hang_at
-            ):
-                self.pod.hang(1)
-                self.injected["hang"] = time.time()
-                watcher.journal.event("injected", f"hang (SIGSTOP) of worker 1 at ~{step}")
-        except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
-            watcher.journal.event("error", f"fault injection deferred: {err}")
+        pending = [f for f in self.faults if f.kind not in self.injected]
+        if not pending or not steps or len(steps) < len(probes):
+            return
+        last = max(self.injected.values(), default=0.0)
+        inc = watcher.incident
+        settled = not self.injected or (
+            inc is not None and inc.detected_at >= last and "resumed" in inc.phases
+        )
+        fault = pending[0]
+        if settled and min(steps) >= fault.at_step:
+            try:
+                fault.inject(self.pod)
+            except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
+                watcher.journal.event("error", f"fault injection deferred: {err}")
+                return
+            self.injected[fault.kind] = time.time()
+            watcher.journal.event(
+                "injected", f"{fault.label} at step ~{min(steps)}", kind=fault.kind, step=min(steps)
+            )
+
+
+def demo_faults(steps: int) -> list[Fault]:
+    return [
+        Fault("preemption", int(steps * 0.3), lambda pod: pod.preempt(NOTICE_S, wait=False),
+              f"preemption with {NOTICE_S:g}s notice"),
+        Fault("hang", int(steps * 0.65), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
+    ]  # fmt: skip
 
 
 def read_object(pod_info, path: str) -> dict | None:
@@ -88,7 +107,9 @@ def read_object(pod_info, path: str) -> dict | None:
         return None
     obj = quote(path, safe="")
     try:
-        with urllib.request.urlopen(f"{url}/storage/v1/b/{bucket}/o/{obj}?alt=media", timeout=30) as r:
+        with urllib.request.urlopen(
+            f"{url}/storage/v1/b/{bucket}/o/{obj}?alt=media", timeout=30
+        ) as r:
             return json.loads(r.read())
     except (OSError, ValueError):
         return None
@@ -128,7 +149,9 @@ def report(console, events, injected, summary, reference, wall, ref_wall) -> boo
     table.add_row("wall time (everything)", f"{wall:.0f}s")
     table.add_row("watched run (watch start -> done)", f"{train_wall:.0f}s")
     table.add_row("uninterrupted reference run", f"{ref_wall:.0f}s")
-    table.add_row("goodput (1 - downtime / watched run)", f"{1 - downtime / max(train_wall, 1):.1%}")
+    table.add_row(
+        "goodput (1 - downtime / watched run)", f"{1 - downtime / max(train_wall, 1):.1%}"
+    )
     for det, res in zip(detected, resumed, strict=False):
         kind = det.get("kind")
         latency = det["time"] - injected.get(kind, det["time"]) if kind in injected else None
@@ -159,11 +182,12 @@ def run_demo(args: argparse.Namespace) -> int:
     pod = LocalPod(pod_dir, workers=2, trainer_args=f"--config {preset} --steps {steps}")
     journal_file = pod.paths.root / "journal.jsonl"
     started = time.time()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with console.status("bringing up a 2-worker local pod") as status:
             pod.up(progress=status.update)
         journal_file.unlink(missing_ok=True)
-        plan = FaultPlan(pod, preempt_at=int(steps * 0.3), hang_at=int(steps * 0.65))
+        plan = FaultPlan(demo_faults(steps), pod)
         columns = [TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn()]  # fmt: skip
         with Progress(*columns, console=console) as progress:
@@ -184,3 +208,8 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         with console.status("tearing the pod down"):
             pod.down()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(*_args) -> None:
+    raise KeyboardInterrupt

@@ -118,7 +118,8 @@ class Limits:
     """Seconds. `hang` is H: the heartbeat age that counts as a hang while training."""
 
     hang: float = 60.0
-    start: float = 900.0  # (re)start -> first status of the new trainer
+    start: float = 900.0  # (re)start -> first status; also the longest init/compile
+    stall: float = 1800.0  # training/saving without a new step (a heartbeat thread still beats)
     bootstrap: float = 1800.0
     ssh: float = 120.0
     preempt_grace: float = 60.0  # trainer preempted but the node stays READY
@@ -128,6 +129,14 @@ class Limits:
         """The trainer beats from a thread (trainer.metrics.Heartbeat) in every state, through
         compiles and saves: a stale heartbeat means a frozen process whatever the state."""
         return self.hang
+
+    def progress_limit(self, state: TrainerState) -> float:
+        """How long a state may last without a new step before it counts as a hang."""
+        return (
+            self.start
+            if state in (TrainerState.INITIALIZING, TrainerState.COMPILING)
+            else (self.stall)
+        )
 
     def deadline(self, condition: WorkerCondition) -> float:
         return {
@@ -152,6 +161,7 @@ class Probe:
     alive: bool | None = None
     preempted_flag: bool = False
     now: float = 0.0
+    progress_age: float = 0.0  # seconds since this worker's (state, step) last changed (watcher)
 
     @property
     def bootstrap_state(self) -> str | None:
@@ -199,6 +209,12 @@ def judge_worker(probe: Probe, since: float, limits: Limits) -> Verdict:
     age, limit = probe.heartbeat_age or 0.0, limits.heartbeat_limit(status.state)
     if age > limit:
         return Verdict(WorkerCondition.HUNG, f"{w} heartbeat {age:.0f}s old (> {limit:.0f}s)")
+    stalled, limit = probe.progress_age, limits.progress_limit(status.state)
+    if stalled > limit:
+        return Verdict(
+            WorkerCondition.HUNG,
+            f"{w} {status.state} at step {status.step} for {stalled:.0f}s (> {limit:.0f}s)",
+        )
     return Verdict(WorkerCondition.RUNNING, f"{w} {status.state} step {status.step}")
 
 

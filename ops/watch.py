@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ops.journal import Journal
 from ops.provider import Provider, ProviderError, SliceState
 from ops.recovery import (
+    NOTICE_HEALTH,
     SLICE_ACTIONS,
     Action,
     Decision,
@@ -84,6 +85,7 @@ class Watcher:
         self.group: WorkerGroup | None = None
         self._endpoints: tuple = ()
         self._provider_errors = 0
+        self._progress: dict[int, tuple] = {}
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -114,7 +116,9 @@ class Watcher:
         if info is None:
             return None
         probes: list[Probe] = []
-        if SLICE_ACTIONS[info.state] is SliceAction.CHECK_WORKERS:
+        # During a preemption notice the table needs no SSH round trip: detect at once.
+        notice = info.health in NOTICE_HEALTH
+        if SLICE_ACTIONS[info.state] is SliceAction.CHECK_WORKERS and not notice:
             probes = self._workers(info.workers).probe()
             self._track(probes)
         limits = self.config.limits
@@ -254,6 +258,13 @@ class Watcher:
         )
 
     def _track(self, probes: list[Probe]) -> None:
+        now = time.time()
+        for p in probes:  # progress: when did this worker's (state, step) last change?
+            mark = (p.status.state, p.status.step, p.status.pid) if p.status else None
+            last = self._progress.get(p.index)
+            if last is None or last[0] != mark:
+                self._progress[p.index] = last = (mark, now)
+            p.progress_age = now - last[1]
         for p in probes:
             if p.status is not None and p.status.heartbeat >= self.since:
                 self.last_step = max(self.last_step, p.status.step)

@@ -28,7 +28,7 @@ PROBE_SCRIPT = f"""R={ROOT}
 echo @@now; date +%s.%N
 echo @@status; cat "$R/status.json" 2>/dev/null; echo
 echo @@bootstrap; cat "$R/bootstrap.json" 2>/dev/null; echo
-echo @@exit; cat "$R/trainer.exit" 2>/dev/null && stat -c %Y "$R/trainer.exit" 2>/dev/null
+echo @@exit; cat "$R/trainer.exit" 2>/dev/null && date -r "$R/trainer.exit" +%s.%N 2>/dev/null
 echo @@alive; if [ -f "$R/trainer.pid" ]; then p=$(cat "$R/trainer.pid")
   if [ -n "$p" ] && [ -d "/proc/$p" ]; then echo yes; else echo no; fi; fi
 echo @@preempted; curl -sf -m 1 -H 'Metadata-Flavor: Google' \

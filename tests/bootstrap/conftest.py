@@ -191,25 +191,31 @@ class Slice:
         )
 
     def cleanup(self) -> None:
-        """Stop what the tests started: bootstraps, then each trainer's process group."""
+        """Stop what the tests started: bootstraps, then the trainers (all workers at once, as
+        a multi-host job stops), then any process group trainerctl left recorded."""
         for proc in self.running:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for i in range(len(self.addresses)):
-            pid = self.trainer_pid(i)
-            if pid is None:
-                continue
-            ctl = self.root(i) / "current" / "bootstrap" / "trainerctl.sh"
-            if ctl.exists():
-                subprocess.run(
-                    ["bash", str(ctl), "stop"],
-                    env={**self.env(i), "TPUPOD_STOP_TIMEOUT": "10"},
-                    capture_output=True,
-                    timeout=60,
-                    check=False,
-                )
-            if procs.alive(pid):  # the group leader is ours: it was recorded by our trainerctl
-                os.killpg(pid, signal.SIGKILL)
+        pids = {i: self.trainer_pid(i) for i in range(len(self.addresses))}
+        stops = [
+            subprocess.Popen(
+                ["bash", str(self.root(i) / "current" / "bootstrap" / "trainerctl.sh"), "stop"],
+                env={**self.env(i), "TPUPOD_STOP_TIMEOUT": "10"},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for i, pid in pids.items()
+            if pid and (self.root(i) / "current").exists()
+        ]
+        for stop in stops:
+            stop.wait(timeout=60)
+        for i, pid in pids.items():
+            # Still recorded: the group our trainerctl made (a group id is not reused while the
+            # group has members).
+            if pid and self.trainer_pid(i) == pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

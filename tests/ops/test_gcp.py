@@ -151,7 +151,9 @@ def test_credentials_missing_is_one_line():
         1, "", "ERROR: (gcloud) You do not currently have an active account selected.\n"
         "Please run:\n\n  $ gcloud auth login\n",
     )  # fmt: skip
-    with pytest.raises(ProviderError, match=r"^gcloud has no credentials: run `gcloud auth login`$"):
+    with pytest.raises(
+        ProviderError, match=r"^gcloud has no credentials: run `gcloud auth login`$"
+    ):
         GcpProvider("v4-32", ROOT, runner=cli).describe()
 
 

@@ -20,7 +20,7 @@ from trainer.status import TrainerState, TrainerStatus
 
 NOW = 10_000.0
 SINCE = 9_000.0
-LIMITS = Limits(hang=30, start=300, bootstrap=600, ssh=60, preempt_grace=20)
+LIMITS = Limits(hang=30, start=300, stall=100, bootstrap=600, ssh=60, preempt_grace=20)
 OK = {"state": "ok", "phase": "trainer"}
 
 
@@ -143,3 +143,12 @@ def test_maintenance_health_is_a_preemption_notice():
 
 def test_backoff_grows_and_is_capped():
     assert [backoff(n, 1.0, 5.0) for n in range(5)] == [0.0, 1.0, 2.0, 4.0, 5.0]
+
+
+def test_a_trainer_without_progress_is_hung_even_with_a_fresh_heartbeat():
+    stuck = probe(state=TrainerState.SAVING, age=1, progress_age=LIMITS.stall + 1)
+    assert judge_worker(stuck, SINCE, LIMITS).condition is WorkerCondition.HUNG
+    compiling = probe(state=TrainerState.COMPILING, age=1, progress_age=200)  # < start
+    assert judge_worker(compiling, SINCE, LIMITS).condition is WorkerCondition.RUNNING
+    compiling.progress_age = 301
+    assert judge_worker(compiling, SINCE, LIMITS).condition is WorkerCondition.HUNG

@@ -1,0 +1,217 @@
+"""`uv run python -m bench [all|trainer|checkpoint|recovery|goodput|cost|infra ...]`
+
+Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (rows keyed by figure name,
+so one benchmark updates only its rows), keeps raw results in bench/out/ and draws the goodput
+timeline to docs/goodput-timeline.png. A benchmark that cannot run leaves a "not run: why" row.
+`--smoke` runs the reporting path on a synthetic run in seconds (CI) and writes to bench/out/smoke/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from rich.console import Console
+
+from bench import report
+from bench.report import Figure
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "out"
+PNG = REPO / "docs" / "goodput-timeline.png"
+# tiny's own cadence (every 5 steps) is a test setting; saves to the GCS emulator take seconds.
+GOODPUT_SETS = ("checkpoint_every=100",)
+ORDER = ["trainer", "checkpoint", "infra", "recovery", "goodput", "cost"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[1])
+    p.add_argument("which", nargs="*", help=f"all (default) or any of {', '.join(ORDER)}")
+    p.add_argument("--smoke", action="store_true", help="synthetic run, seconds, no pod (CI)")
+    p.add_argument("--out", type=Path, help="markdown file [BENCHMARKS.md; smoke: bench/out/smoke]")
+    p.add_argument("--period", type=float, default=300.0, help="goodput: seconds between faults")
+    p.add_argument("--steps", type=int, default=6000, help="goodput: steps of the job")
+    p.add_argument("--faults", default="notice,kill", help="goodput: fault kinds, in turn")
+    p.add_argument("--preset", default="tiny", help="recovery/goodput: the pod job's preset")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="recovery/goodput: trainer --set for the pod job (repeatable) "
+                   f"[{' '.join(GOODPUT_SETS)}]")  # fmt: skip
+    p.add_argument("--min-steps", type=int, default=30, help="recovery: steps between faults")
+    p.add_argument("--notice", type=float, default=30.0, help="preemption notice, seconds")
+    p.add_argument("--trainer-config", default="small", help="trainer/checkpoint: preset")
+    p.add_argument("--trainer-steps", type=int, default=15)
+    p.add_argument("--checkpoint-steps", type=int, default=30)
+    return p
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def trainer_figs(a, console) -> list[Figure]:
+    from bench import trainer_bench
+
+    r = trainer_bench.run(a.trainer_config, a.trainer_steps)
+    save("trainer", r)
+    cfg = r["config"]
+    return [
+        Figure(f"trainer {cfg} on CPU: tokens/s", r["tokens_per_s"], "tok/s",
+               note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s"),
+        Figure(f"trainer {cfg} on CPU: model FLOP/s / jnp.dot peak", r["mfu"], "",
+               f">= {r['goal_mfu']:.2f}", r["mfu"] >= r["goal_mfu"],
+               note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
+               f"({r['peak_source']}, same run)"),
+        Figure("trainer 1b on GPU: MFU", "not measured: no GPU lent to this task"),
+    ]  # fmt: skip
+
+
+def checkpoint_figs(a, console) -> list[Figure]:
+    from bench import checkpoint_bench
+
+    r = checkpoint_bench.run(a.trainer_config, a.checkpoint_steps, 10)
+    save("checkpoint", r)
+    loops = ", ".join(f"{k} {v:.1f} s" for k, v in r["loop_s"].items())
+    what = f"{r['config']}, {r['steps']} steps, every {r['checkpoint_every']}"
+    return [
+        Figure(f"checkpoint overhead, async ({what})", r["async_over_none"], "x",
+               f"<= {r['goal_async_over_none']}", r["async_over_none"] <= r["goal_async_over_none"],
+               note=f"loop wall time over none: {loops}"),
+        Figure(f"checkpoint overhead, sync ({what})", r["sync_over_none"], "x",
+               note=f"loop wall time over none: {loops}"),
+        Figure("SIGTERM -> committed exit (small)", r["sigterm_to_exit_s"], "s",
+               note=f"exit code {r['sigterm_exit_code']} at step {r['sigterm_step']}"),
+    ]  # fmt: skip
+
+
+def infra_figs(a, console) -> list[Figure]:
+    from bench import infra_eval
+
+    r = infra_eval.run()
+    save("infra", r)
+    return [Figure(f"Pulumi program evaluation, all {r['stacks']} stacks (mocks)",
+                   r["all_stacks_eval_s"], "s", "< 5 s", r["all_stacks_eval_s"] < 5,
+                   note=f"pulumi_gcp import {r['pulumi_gcp_import_s']:.1f} s apart")]  # fmt: skip
+
+
+def recovery_figs(a, console) -> list[Figure]:
+    from bench import recovery_bench
+
+    r = recovery_bench.run(OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS),
+                           console=console)  # fmt: skip
+    save("recovery", r)
+    return recovery_bench.figures(r)
+
+
+def goodput_figs(a, console) -> list[Figure]:
+    from bench import goodput_bench
+
+    kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
+    r = goodput_bench.run(OUT, PNG, a.period, a.steps, kinds, a.preset, a.notice,
+                          tuple(a.sets or GOODPUT_SETS), console)  # fmt: skip
+    save("goodput", r)
+    return goodput_bench.figures(r)
+
+
+def cost_figs(a, console) -> list[Figure]:
+    from bench import cost_bench
+
+    stored = OUT / "goodput.json"
+    goodput, label = None, "no measured goodput: run `python -m bench goodput` first"
+    if stored.exists():
+        g = json.loads(stored.read_text())
+        if g.get("goodput") is not None:
+            goodput = g["goodput"]
+            label = f"local pod, P={g['period_s']:g} s, {g['wall_s'] / 60:.1f} min"
+    r = cost_bench.run(goodput, label)
+    save("cost", r)
+    return cost_bench.figures(r)
+
+
+RUNNERS = {"trainer": trainer_figs, "checkpoint": checkpoint_figs, "infra": infra_figs,
+           "recovery": recovery_figs, "goodput": goodput_figs, "cost": cost_figs}  # fmt: skip
+
+
+def save(name: str, result: dict, out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+def smoke(out: Path, console: Console) -> list[Figure]:
+    """Synthetic record -> recovery and goodput analyses, timeline, cost: no pod, no trainer."""
+    from bench import cost_bench, goodput_bench, recovery_bench
+    from bench.smoke import record
+
+    rec = record()
+    g = goodput_bench.analyse(rec)
+    g["period_s"] = 0.0
+    g["timeline"] = str(goodput_bench.plot(rec, out.parent / "timeline.png", "smoke (synthetic)"))
+    save("goodput", g, out.parent)
+    figs = recovery_bench.figures({"incidents": g["incidents"]}) + goodput_bench.figures(g)
+    figs += cost_bench.figures(cost_bench.run(g["goodput"], "SYNTHETIC smoke record"))
+    for fig in figs:
+        fig.name = f"smoke: {fig.name}"
+    console.print(f"smoke: goodput {g['goodput']:.1%}, timeline {g['timeline']}")
+    return figs
+
+
+def _interrupt(signum, frame):
+    """SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every pod is torn down."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    if unknown := [w for w in a.which if w not in ("all", *ORDER)]:
+        p.error(f"unknown benchmark {unknown[0]!r}; choose from all, {', '.join(ORDER)}")
+    console = Console()
+    command = "uv run python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    which = ORDER if not a.which or "all" in a.which else [w for w in ORDER if w in a.which]
+    if a.smoke:
+        out = a.out or OUT / "smoke" / "BENCHMARKS.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figures = report.stamp(smoke(out, console), command)
+        report.write(figures, out)
+        console.print(f"wrote {out}")
+        return 0
+    out = a.out or REPO / "BENCHMARKS.md"
+    signal.signal(signal.SIGTERM, _interrupt)
+    failed = 0
+    for name in which:
+        console.rule(f"bench {name}")
+        machine = f"{report.this_machine()}, {load()} at start"
+        started = time.time()
+        try:
+            figures = RUNNERS[name](a, console)
+        except ModuleNotFoundError as err:
+            figures = [Figure(f"{name} benchmark", f"not run: module {err.name} missing")]
+            failed += 1
+        except Exception as err:  # noqa: BLE001 - one broken benchmark must not hide the others
+            console.print(traceback.format_exc(), style="red", markup=False, highlight=False)
+            figures = [Figure(f"{name} benchmark", f"not run: {type(err).__name__}: {err}"[:200])]
+            failed += 1
+        for fig in figures:
+            fig.machine = machine
+        report.write(report.stamp(figures, command), out, extra=extra(out))
+        console.print(f"{name}: {time.time() - started:.0f} s, {len(figures)} rows -> {out}")
+    return 1 if failed else 0
+
+
+def extra(out: Path) -> str:
+    """The timeline under the table, when one was drawn."""
+    if not PNG.exists():
+        return ""
+    rel = os.path.relpath(PNG, out.parent)
+    return (f"## Goodput timeline\n\nTraining step against wall time in the goodput run; faults, "
+            f"detections and recoveries marked.\n\n![goodput timeline]({rel})\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

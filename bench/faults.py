@@ -1,0 +1,103 @@
+"""Fault schedules for benchmark runs: called by `ops.watch.Watcher` at every poll (`on_poll`).
+
+A fault is injected only while the job is healthy (no incident being recovered, every worker
+training with a fresh heartbeat), so each event is one clean incident. The injection time is taken
+just before the call into the pod and goes to the journal as `injected` (kind, notice, step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trainer.status import TrainerState
+
+# Fault kind -> what it does to the local pod.
+KINDS = {
+    "notice": "preemption with notice (SIGTERM, the trainer saves, then the slice goes)",
+    "kill": "preemption without notice (notice=0: SIGTERM and SIGKILL at once)",
+    "crash": "SIGKILL of worker 0's trainer (the slice stays)",
+}
+
+
+class Stop(Exception):
+    """Raised from on_poll to end a run that needs no `done` (the recovery benchmark)."""
+
+
+def healthy(watcher, probes) -> int | None:
+    """The slowest worker's step when every worker trains with a fresh heartbeat, else None."""
+    if watcher.incident is not None and "resumed" not in watcher.incident.phases:
+        return None
+    fresh = [p.status for p in probes if p.status and p.status.heartbeat >= watcher.since]
+    if not probes or len(fresh) != len(probes):
+        return None
+    if any(s.state not in (TrainerState.TRAINING, TrainerState.SAVING) for s in fresh):
+        return None
+    return min(s.step for s in fresh)
+
+
+@dataclass
+class Schedule:
+    """Injects `kinds` in order. The next fault is due `period` s after the previous one (or after
+    the first healthy poll), and no sooner than `min_steps` steps after the job last resumed.
+    With `stop_steps`, the run ends (Stop) that many steps after the last fault's recovery."""
+
+    pod: object
+    kinds: Sequence[str]
+    period: float = 0.0
+    min_steps: int = 0
+    notice: float = 30.0
+    stop_steps: int | None = None
+    cycle: bool = False  # repeat `kinds` until the job is done
+    injected: list[dict] = field(default_factory=list)
+    _start: float | None = None  # the first healthy poll
+    _healthy_step: int = 0  # the step at the first healthy poll after the last fault
+    _armed: int = -1  # len(injected) when _healthy_step was taken
+
+    def next_kind(self) -> str | None:
+        n = len(self.injected)
+        if self.cycle:
+            return self.kinds[n % len(self.kinds)]
+        return self.kinds[n] if n < len(self.kinds) else None
+
+    def __call__(self, watcher, probes) -> None:
+        step = healthy(watcher, probes)
+        if step is None:
+            return
+        now = time.time()
+        if self._start is None:
+            self._start = now
+        if self._armed != len(self.injected):
+            self._armed, self._healthy_step = len(self.injected), step
+        kind = self.next_kind()
+        if kind is None:
+            if self.stop_steps is not None and step - self._healthy_step >= self.stop_steps:
+                raise Stop(f"{len(self.injected)} faults recovered")
+            return
+        last = self.injected[-1]["time"] if self.injected else self._start
+        if now - last < self.period or step - self._healthy_step < self.min_steps:
+            return
+        self.inject(watcher, kind, step)
+
+    def inject(self, watcher, kind: str, step: int) -> None:
+        started = time.time()
+        try:
+            if kind == "notice":
+                self.pod.preempt(notice=self.notice, wait=False)
+            elif kind == "kill":
+                self.pod.preempt(notice=0, wait=False)
+            elif kind == "crash":
+                self.pod.crash(0)
+            else:
+                raise ValueError(f"unknown fault {kind!r}; known: {', '.join(KINDS)}")
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
+            watcher.journal.event("error", f"fault injection deferred: {err}")
+            return
+        notice = self.notice if kind == "notice" else 0.0
+        record = {"time": started, "kind": kind, "notice": notice, "step": step}
+        self.injected.append(record)
+        watcher.journal.event("injected", f"{KINDS[kind]} at step ~{step}", fault=kind,
+                              injected_at=started, notice=notice, step=step)  # fmt: skip

@@ -1,0 +1,143 @@
+"""One benchmark run on a local pod: bring it up, watch it with `ops.watch.Watcher` while a fault
+schedule injects events and a sampler records the workers' files, then tear it down.
+
+The pod, the watch loop, the journal and the uninterrupted reference are the real ones the demo
+uses (`ops.demo`); this module only wires them together and keeps what the analyses need.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from bench.faults import Schedule, Stop
+from bench.sampler import Sampler
+from ops.journal import Journal
+from ops.recovery import Limits
+from ops.watch import WatchConfig, Watcher
+
+RUN_PREFIX = "runs/local"  # the local pod's --workdir is gs://BUCKET/runs/<stack>
+
+
+def watch_config(notice: float, hang: float = 30.0) -> WatchConfig:
+    """Short deadlines for one machine; poll 0.5 s like the demo."""
+    limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=notice + 15)
+    return WatchConfig(limits=limits, poll=0.5, max_failures=5, ready_deadline=300.0,
+                       backoff_base=1.0)  # fmt: skip
+
+
+@dataclass
+class RunRecord:
+    """What a run leaves behind, all JSON-able."""
+
+    trainer_args: str
+    workers: int
+    started: float  # before pod.up
+    ready: float  # the first slice READY
+    finished: float
+    exit: str  # "done", "stopped" (Stop) or "watch exited N"
+    events: list[dict] = field(default_factory=list)  # the journal
+    injected: list[dict] = field(default_factory=list)
+    sampled: dict = field(default_factory=dict)  # Sampler.record()
+    summary: dict | None = None  # the job's summary.json
+    reference: dict | None = None  # the uninterrupted run's summary.json
+    reference_wall_s: float | None = None
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), default=str) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def run_on_pod(
+    pod_dir: Path,
+    trainer_args: str,
+    schedule_kwargs: dict,
+    *,
+    workers: int = 2,
+    notice: float = 30.0,
+    reference: bool = False,
+    reference_timeout: float = 3600.0,
+    console: Console | None = None,
+) -> RunRecord:
+    """Runs the job under watch with a `bench.faults.Schedule(**schedule_kwargs)`; the pod is
+    always torn down, whatever happens."""
+    from localpod.pod import LocalPod
+    from ops.demo import read_object
+    from ops.providers.local import LocalProvider
+
+    console = console or Console()
+    pod = LocalPod(pod_dir, workers=workers, trainer_args=trainer_args)
+    sampler = Sampler(pod.paths.root, workers)
+    started = time.time()
+    try:
+        with console.status(f"bringing up a {workers}-worker local pod") as status:
+            pod.up(progress=status.update)
+        ready = time.time()
+        journal_file = pod.paths.root / "journal.jsonl"
+        journal_file.unlink(missing_ok=True)
+        journal = Journal(journal_file, console)
+        sampler.start()
+        schedule = Schedule(pod, notice=notice, **schedule_kwargs)
+        watcher = Watcher(LocalProvider(pod), journal, watch_config(notice), on_poll=schedule)
+        try:
+            code = watcher.run()
+            outcome = "done" if code == 0 else f"watch exited {code}"
+        except Stop as why:
+            journal.event("stopped", f"benchmark schedule complete: {why}")
+            outcome = "stopped"
+        finished = time.time()
+        summary = (
+            read_object(pod.describe(), f"{RUN_PREFIX}/summary.json") if code_ok(outcome) else None
+        )
+        record = RunRecord(trainer_args, workers, started, ready, finished, outcome,
+                           injected=schedule.injected, summary=summary)  # fmt: skip
+        if reference and code_ok(outcome):
+            record.reference, record.reference_wall_s = run_reference(
+                pod, reference_timeout, console
+            )
+        sampler.stop()
+        record.events = list(journal.events)
+        record.sampled = sampler.record()
+        return record
+    finally:
+        try:
+            sampler.stop()
+        finally:
+            with console.status("tearing the pod down"):
+                pod.down()
+
+
+def code_ok(outcome: str) -> bool:
+    return outcome == "done"
+
+
+def run_reference(pod, timeout: float, console: Console) -> tuple[dict | None, float]:
+    """The demo's uninterrupted reference (same trainer.env, fresh workdir), with our timeout."""
+    from ops.demo import REFERENCE_COMMAND, REFERENCE_PREFIX, read_object
+    from ops.providers.local import LocalProvider
+    from ops.workers import WorkerGroup
+
+    info = pod.describe()
+    command = REFERENCE_COMMAND.replace("BUCKET", info.pod.get("bucket", "tpupod-local"))
+    workers = LocalProvider(pod).describe().workers
+    started = time.time()
+    with (
+        console.status("uninterrupted reference run (same trainer.env, fresh workdir)"),
+        WorkerGroup(workers, retries=0) as group,
+    ):
+        outcomes = group.run(command, timeout=timeout)
+    wall = time.time() - started
+    bad = [o for o in outcomes.values() if not o.ok]
+    if bad:
+        console.print(f"reference run failed on worker {bad[0].index} (exit {bad[0].exited})")
+        return None, wall
+    return read_object(info, f"{REFERENCE_PREFIX}/summary.json"), wall

@@ -1,0 +1,196 @@
+"""Recovery on the local pod, in phases: one preemption with notice, then one without.
+
+Each phase is the gap between two consecutive milestones, so the phases add up to the total:
+  injected   the pod call (bench.faults)             detected    journal `detected`
+  recreating journal `recreated` minus its seconds   ready       journal `ready`
+  bootstrapped  last bootstrap.json phase end        trainer up  first status.json of the new pid
+  setup      worker 0's `setup` log line (seen)      restored    status `compiling` (after restore)
+  compiled   restored + the `compiled` seconds       training    status `training`
+  first step first status.json step past the restore point
+`setup` is stamped when the sampler first saw the line (resolution: its 0.2 s poll); status times
+are the trainer's own heartbeat stamps. Merged: the trainer's imports with its process start
+(`trainer up`), and JAX distributed init with the mesh and data setup (`setup`).
+
+    uv run python -m bench recovery
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.podrun import RunRecord, run_on_pod
+from bench.report import Figure
+
+REPO = Path(__file__).resolve().parents[1]
+STEPPING = {"training", "saving", "preempted", "done"}
+# milestone -> the phase that ends there
+PHASES = {
+    "detected": "detection",
+    "recreating": "shutdown (save, slice gone)",
+    "ready": "re-creation",
+    "restarted": "restart (stop, clear, start)",
+    "bootstrapped": "bootstrap",
+    "trainer_up": "trainer start + imports",
+    "setup": "JAX init + mesh/data",
+    "restored": "restore",
+    "compiled": "compile",
+    "training": "peak probe + rest",
+    "first_step": "first step",
+}
+
+
+PHASE_NOTE = (
+    "milestones from the watch journal, bootstrap.json, status.json heartbeats and worker 0's "
+    "log lines as first seen (0.2 s poll); merged: trainer imports with its start, JAX "
+    "distributed init with mesh + data setup; multi-process CPU keeps the compile cache off"
+)
+
+
+def _first(items, pred):
+    return next((x for x in items if pred(x)), None)
+
+
+def incidents(record: RunRecord) -> list[dict]:
+    """Milestones (unix time) and phases (s) of every injected fault, in order."""
+    faults = record.injected
+    ends = [f["time"] for f in faults[1:]] + [float("inf")]
+    return [_incident(record, f, end) for f, end in zip(faults, ends, strict=True)]
+
+
+def _log_event(lines: list[dict], name: str, t0: float, t1: float) -> dict | None:
+    return _first(lines, lambda x: t0 < x["t"] < t1 and x.get("json", {}).get("event") == name)
+
+
+def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
+    t0 = fault["time"]
+    status = [s for s in record.sampled.get("status", []) if s["source"] == "job"]
+    lines = record.sampled.get("lines", [])
+    window = [e for e in record.events if t0 <= e["time"] < t_end]
+    ev = {e["event"]: e for e in reversed(window)}  # the first of each name
+    m: dict[str, float] = {"injected": t0}
+    if "detected" in ev:
+        m["detected"] = ev["detected"]["time"]
+    if "recreated" in ev:
+        m["recreating"] = ev["recreated"]["time"] - ev["recreated"].get("seconds", 0.0)
+    for name in ("ready", "restarted"):
+        if name in ev:
+            m[name] = ev[name]["time"]
+    boots = [b for b in record.sampled.get("boots", []) if t0 <= b["started"] < t_end]
+    ends = [b["phases"][-1].get("ended") or b["updated"] for b in boots if b.get("phases")]
+    if "ready" in m and ends and len(ends) == record.workers:
+        m["bootstrapped"] = max(ends)
+    # worker 0's trainer before the fault, and the next one
+    old = [s for s in status if s["worker"] == 0 and s["t"] < t0]
+    old_pid = old[-1]["pid"] if old else None
+    new = [s for s in status if s["worker"] == 0 and s["pid"] != old_pid and t0 < s["t"] < t_end]
+    new = [s for s in new if s["pid"] == new[0]["pid"]]
+    if new:
+        m["trainer_up"] = new[0]["heartbeat"]
+        setup = _log_event(lines, "setup", t0, t_end)
+        if setup and setup["t"] >= new[0]["heartbeat"]:
+            m["setup"] = setup["t"]
+    compiling = _first(new, lambda s: s["state"] == "compiling")
+    restored_from = compiling["restored_from"] if compiling else None
+    compiled = _log_event(lines, "compiled", t0, t_end)
+    if compiling:
+        m["restored"] = compiling["heartbeat"]
+        if compiled:
+            m["compiled"] = m["restored"] + compiled["json"]["seconds"]
+        stepped = [s for s in new if s["step"] > (restored_from or 0) and s["state"] in STEPPING]
+        if stepped:
+            m["first_step"] = stepped[0]["heartbeat"]
+    training = _first(new, lambda s: s["state"] == "training")
+    if training:
+        m["training"] = training["heartbeat"]
+    # the last step the old trainer reached (it may step on after SIGTERM until it saves)
+    last_step = max((s["step"] for s in old if s["pid"] == old_pid), default=fault.get("step"))
+    resumed = ev.get("resumed", {})
+    return {
+        "kind": fault["kind"],
+        "notice": fault.get("notice"),
+        "step_at_fault": last_step,
+        "restored_from": restored_from,
+        "steps_lost": None if restored_from is None else max(0, last_step - restored_from),
+        "watch_steps_lost": resumed.get("steps_lost"),
+        "detected_to_resumed_s": resumed.get("recovery_s"),
+        "compile_cache_hit": compiled["json"].get("compile_cache_hit") if compiled else None,
+        "milestones": m,
+        "phases": phases(m),
+        "fault_to_first_step_s": m["first_step"] - t0 if "first_step" in m else None,
+    }
+
+
+def phases(m: dict[str, float]) -> dict[str, float]:
+    """Consecutive milestone gaps, in PHASES order, over the milestones present."""
+    order = ["injected", *[k for k in PHASES if k in m]]
+    return {PHASES[b]: round(m[b] - m[a], 3) for a, b in zip(order, order[1:], strict=False)}
+
+
+def compile_cold_cached(config: str = "tiny") -> dict:
+    """Single-process compile time with an empty and with a warm persistent cache (multi-process
+    CPU runs, as on the local pod, keep the cache off: see trainer/cli.py)."""
+    seconds = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("cold", "cached"):
+            cmd = [sys.executable, "-m", "trainer", "--config", config, "--steps", "2",
+                   "--workdir", str(Path(tmp) / name), "--compile-cache", str(Path(tmp) / "cc"),
+                   "--set", "checkpoint_every=0"]  # fmt: skip
+            env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"trainer exited {proc.returncode}: {proc.stderr[-500:]}")
+            ev = [json.loads(x) for x in proc.stdout.splitlines() if '"event": "compiled"' in x]
+            seconds[name] = ev[0]["seconds"]
+            seconds[f"{name}_hit"] = ev[0]["compile_cache_hit"]
+    return seconds
+
+
+def run(out_dir: Path, preset: str = "tiny", min_steps: int = 30, notice: float = 30.0,
+        sets: tuple[str, ...] = (), console=None) -> dict:  # fmt: skip
+    args = " ".join([f"--config {preset} --steps 1000000", *(f"--set {s}" for s in sets)])
+    schedule = {"kinds": ["notice", "kill"], "min_steps": min_steps, "stop_steps": min_steps}
+    record = run_on_pod(out_dir / "pod-recovery", args, schedule, notice=notice, console=console)
+    record.save(out_dir / "recovery-run.json")
+    return {
+        "trainer_args": args,
+        "outcome": record.exit,
+        "incidents": incidents(record),
+        "compile": compile_cold_cached(preset),
+    }
+
+
+def figures(result: dict) -> list[Figure]:
+    figs = []
+    labels = {"notice": "preemption with notice", "kill": "no-notice kill", "crash": "crash"}
+    for inc in result["incidents"]:
+        what = labels.get(inc["kind"], inc["kind"])
+        m, ph = inc["milestones"], inc["phases"]
+        if "detection" in ph:
+            d = ph["detection"]
+            figs.append(Figure(f"detection, {what}", d, "s", "<= 2 s", d <= 2.0))
+        total = inc["fault_to_first_step_s"]
+        figs.append(Figure(
+            f"recovery, {what} (fault -> first step, local pod, no compile cache)",
+            total if total is not None else "not measured: no first step seen", "s" if total else "",
+            "<= 15 s with warm caches", None if total is None else total <= 15.0))  # fmt: skip
+        missing = [p for k, p in PHASES.items() if k not in m and k != "restarted"]
+        text = " + ".join(f"{k} {v:.1f}" for k, v in ph.items()) + " s"
+        if missing:
+            text += f" (not separated: {', '.join(missing)})"
+        figs.append(Figure(f"recovery phases, {what}", text, note=PHASE_NOTE))
+        lost = inc["steps_lost"]
+        goal = "0 with notice" if inc["kind"] == "notice" else "<= checkpoint interval"
+        met = (lost == 0) if inc["kind"] == "notice" and lost is not None else None
+        figs.append(Figure(f"steps lost, {what}", lost if lost is not None else "not measured",
+                           "steps", goal, met))  # fmt: skip
+    c = result.get("compile")
+    if c:
+        hit = "hit" if c["cached_hit"] else "MISS"
+        figs.append(Figure("compile cold / cached (tiny, 1 process)",
+                           f"{c['cold']:.2f} / {c['cached']:.2f} s (cache {hit})"))  # fmt: skip
+    return figs

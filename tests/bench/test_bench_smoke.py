@@ -1,0 +1,100 @@
+"""The benchmark reporting path in seconds: cost arithmetic, the report table, the timeline, the
+recovery/goodput analyses on a synthetic run, the fault schedule, and `python -m bench --smoke`.
+Nothing here starts a pod or a trainer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bench import cost, faults, goodput_bench, recovery_bench, report, smoke, timeline
+from bench.__main__ import main
+from trainer.status import TrainerState, TrainerStatus
+
+
+def test_cost_ratio_is_price_ratio_over_goodput():
+    prices = cost.load_prices()
+    assert prices["as_of"]
+    row = cost.compare("v4", chips=16, tokens_per_s=1e6, spot_goodput=0.8)
+    spot, od = prices["v4"]["spot"], prices["v4"]["on_demand"]
+    assert row["spot_usd_per_mtok"] / row["on_demand_usd_per_mtok"] == pytest.approx(
+        spot / od / 0.8
+    )
+    assert cost.dollars_per_million_tokens(3.6, 1, 1e6 / 3600, 1.0) == pytest.approx(3.6)
+    with pytest.raises(ValueError):
+        cost.compare("v9", 1, 1.0, 1.0)
+
+
+def test_report_merges_rows_by_name(tmp_path: Path):
+    md = tmp_path / "B.md"
+    report.write(report.stamp([report.Figure("a", 1.0, "s", "<= 2 s", True)], "cmd"), md)
+    report.write(report.stamp([report.Figure("b", "not run: x", note="n")], "cmd2"), md, "tail")
+    text = md.read_text()
+    assert "| a | 1 s | <= 2 s | yes |" in text and "| b | not run: x |" in text
+    assert text.endswith("tail")
+    assert [r["name"] for r in json.loads(md.with_suffix(".json").read_text())] == ["a", "b"]
+
+
+def test_timeline_draws_gaps_and_marks(tmp_path: Path):
+    samples = [(0.0, 0), (1.0, 10), (2.0, None), (3.0, 8), (4.0, 20)]
+    events = [{"event": "preempt", "time": 1.1}, {"event": "detected", "time": 1.3},
+              {"event": "resumed", "time": 3.2}]  # fmt: skip
+    out = timeline.plot(samples, events, tmp_path / "t.png", "t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_analyses_on_synthetic_run():
+    rec = smoke.record(steps=300)
+    incs = recovery_bench.incidents(rec)
+    assert [i["kind"] for i in incs] == ["notice", "kill"]
+    assert [i["steps_lost"] for i in incs] == [0, 5]
+    for inc in incs:  # the phases partition fault -> first step
+        assert sum(inc["phases"].values()) == pytest.approx(inc["fault_to_first_step_s"], abs=0.01)
+        assert inc["phases"]["detection"] == pytest.approx(0.6)
+    g = goodput_bench.analyse(rec)
+    assert g["mean_step_time_s"] == pytest.approx(smoke.STEP_S)
+    assert g["productive_s"] == pytest.approx(300 * smoke.STEP_S)
+    assert g["goodput"] == pytest.approx(g["productive_s"] / g["wall_s"])
+    assert g["fingerprint_equal"] is True
+    names = [f.name for f in goodput_bench.figures({**g, "period_s": 300.0})]
+    assert names[0].startswith("goodput (P=300 s")
+
+
+class FakePod:
+    def __init__(self):
+        self.calls = []
+
+    def preempt(self, notice, wait):
+        self.calls.append(("preempt", notice))
+
+    def crash(self, worker):
+        self.calls.append(("crash", worker))
+
+
+def _watcher(step: int):
+    journal = SimpleNamespace(events=[], event=lambda *a, **k: journal.events.append((a, k)))
+    probes = [SimpleNamespace(status=TrainerStatus(state=TrainerState.TRAINING, step=step))]
+    return SimpleNamespace(incident=None, since=0.0, journal=journal), probes
+
+
+def test_schedule_cycles_kinds_by_steps_and_stops():
+    pod = FakePod()
+    sched = faults.Schedule(pod, ["notice", "kill"], min_steps=5, notice=7.0, stop_steps=3)
+    for step in (0, 4, 5, 6, 12):
+        sched(*_watcher(step))
+    assert pod.calls == [("preempt", 7.0), ("preempt", 0)]
+    assert [f["kind"] for f in sched.injected] == ["notice", "kill"]
+    sched(*_watcher(13))
+    with pytest.raises(faults.Stop):
+        sched(*_watcher(16))
+
+
+def test_smoke_entry_point(tmp_path: Path):
+    md = tmp_path / "BENCHMARKS.md"
+    assert main(["--smoke", "--out", str(md)]) == 0
+    text = md.read_text()
+    assert "smoke: goodput" in text and "smoke: cost v4-32" in text
+    assert (tmp_path / "timeline.png").exists()
