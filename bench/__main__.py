@@ -40,9 +40,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=6000, help="goodput: steps of the job")
     p.add_argument("--faults", default="notice,kill", help="goodput: fault kinds, in turn")
     p.add_argument("--preset", default="tiny", help="recovery/goodput: the pod job's preset")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="recovery/goodput: trainer --set for the pod job (repeatable) "
-                   f"[{' '.join(GOODPUT_SETS)}]")  # fmt: skip
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="recovery/goodput: trainer --set for the pod job (repeatable) "
+        f"[{' '.join(GOODPUT_SETS)}]",
+    )
     p.add_argument("--min-steps", type=int, default=30, help="recovery: steps between faults")
     p.add_argument("--notice", type=float, default=30.0, help="preemption notice, seconds")
     p.add_argument("--trainer-config", default="small", help="trainer/checkpoint: preset")
@@ -62,14 +68,23 @@ def trainer_figs(a, console) -> list[Figure]:
     save("trainer", r)
     cfg = r["config"]
     return [
-        Figure(f"trainer {cfg} on CPU: tokens/s", r["tokens_per_s"], "tok/s",
-               note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s"),
-        Figure(f"trainer {cfg} on CPU: model FLOP/s / jnp.dot peak", r["mfu"], "",
-               f">= {r['goal_mfu']:.2f}", r["mfu"] >= r["goal_mfu"],
-               note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
-               f"({r['peak_source']}, same run)"),
+        Figure(
+            f"trainer {cfg} on CPU: tokens/s",
+            r["tokens_per_s"],
+            "tok/s",
+            note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s",
+        ),
+        Figure(
+            f"trainer {cfg} on CPU: model FLOP/s / jnp.dot peak",
+            r["mfu"],
+            "",
+            f">= {r['goal_mfu']:.2f}",
+            r["mfu"] >= r["goal_mfu"],
+            note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
+            f"({r['peak_source']}, same run)",
+        ),
         Figure("trainer 1b on GPU: MFU", "not measured: no GPU lent to this task"),
-    ]  # fmt: skip
+    ]
 
 
 def checkpoint_figs(a, console) -> list[Figure]:
@@ -80,14 +95,27 @@ def checkpoint_figs(a, console) -> list[Figure]:
     loops = ", ".join(f"{k} {v:.1f} s" for k, v in r["loop_s"].items())
     what = f"{r['config']}, {r['steps']} steps, every {r['checkpoint_every']}"
     return [
-        Figure(f"checkpoint overhead, async ({what})", r["async_over_none"], "x",
-               f"<= {r['goal_async_over_none']}", r["async_over_none"] <= r["goal_async_over_none"],
-               note=f"loop wall time over none: {loops}"),
-        Figure(f"checkpoint overhead, sync ({what})", r["sync_over_none"], "x",
-               note=f"loop wall time over none: {loops}"),
-        Figure("SIGTERM -> committed exit (small)", r["sigterm_to_exit_s"], "s",
-               note=f"exit code {r['sigterm_exit_code']} at step {r['sigterm_step']}"),
-    ]  # fmt: skip
+        Figure(
+            f"checkpoint overhead, async ({what})",
+            r["async_over_none"],
+            "x",
+            f"<= {r['goal_async_over_none']}",
+            r["async_over_none"] <= r["goal_async_over_none"],
+            note=f"loop wall time over none: {loops}",
+        ),
+        Figure(
+            f"checkpoint overhead, sync ({what})",
+            r["sync_over_none"],
+            "x",
+            note=f"loop wall time over none: {loops}",
+        ),
+        Figure(
+            "SIGTERM -> committed exit (small)",
+            r["sigterm_to_exit_s"],
+            "s",
+            note=f"exit code {r['sigterm_exit_code']} at step {r['sigterm_step']}",
+        ),
+    ]
 
 
 def infra_figs(a, console) -> list[Figure]:
@@ -95,16 +123,24 @@ def infra_figs(a, console) -> list[Figure]:
 
     r = infra_eval.run()
     save("infra", r)
-    return [Figure(f"Pulumi program evaluation, all {r['stacks']} stacks (mocks)",
-                   r["all_stacks_eval_s"], "s", "< 5 s", r["all_stacks_eval_s"] < 5,
-                   note=f"pulumi_gcp import {r['pulumi_gcp_import_s']:.1f} s apart")]  # fmt: skip
+    return [
+        Figure(
+            f"Pulumi program evaluation, all {r['stacks']} stacks (mocks)",
+            r["all_stacks_eval_s"],
+            "s",
+            "< 5 s",
+            r["all_stacks_eval_s"] < 5,
+            note=f"pulumi_gcp import {r['pulumi_gcp_import_s']:.1f} s apart",
+        )
+    ]
 
 
 def recovery_figs(a, console) -> list[Figure]:
     from bench import recovery_bench
 
-    r = recovery_bench.run(OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS),
-                           console=console)  # fmt: skip
+    r = recovery_bench.run(
+        OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS), console=console
+    )
     save("recovery", r)
     return recovery_bench.figures(r)
 
@@ -113,8 +149,17 @@ def goodput_figs(a, console) -> list[Figure]:
     from bench import goodput_bench
 
     kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
-    r = goodput_bench.run(OUT, PNG, a.period, a.steps, kinds, a.preset, a.notice,
-                          tuple(a.sets or GOODPUT_SETS), console)  # fmt: skip
+    r = goodput_bench.run(
+        OUT,
+        PNG,
+        a.period,
+        a.steps,
+        kinds,
+        a.preset,
+        a.notice,
+        tuple(a.sets or GOODPUT_SETS),
+        console,
+    )
     save("goodput", r)
     return goodput_bench.figures(r)
 
@@ -134,8 +179,14 @@ def cost_figs(a, console) -> list[Figure]:
     return cost_bench.figures(r)
 
 
-RUNNERS = {"trainer": trainer_figs, "checkpoint": checkpoint_figs, "infra": infra_figs,
-           "recovery": recovery_figs, "goodput": goodput_figs, "cost": cost_figs}  # fmt: skip
+RUNNERS = {
+    "trainer": trainer_figs,
+    "checkpoint": checkpoint_figs,
+    "infra": infra_figs,
+    "recovery": recovery_figs,
+    "goodput": goodput_figs,
+    "cost": cost_figs,
+}
 
 
 def save(name: str, result: dict, out: Path = OUT) -> None:
@@ -188,18 +239,21 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(f"bench {name}")
         machine = f"{report.this_machine()}, {load()} at start"
         started = time.time()
+        drop: tuple[str, ...] = (f"{name} benchmark",)  # a failure row from an earlier run
         try:
             figures = RUNNERS[name](a, console)
         except ModuleNotFoundError as err:
             figures = [Figure(f"{name} benchmark", f"not run: module {err.name} missing")]
             failed += 1
+            drop = ()
         except Exception as err:  # noqa: BLE001 - one broken benchmark must not hide the others
             console.print(traceback.format_exc(), style="red", markup=False, highlight=False)
             figures = [Figure(f"{name} benchmark", f"not run: {type(err).__name__}: {err}"[:200])]
             failed += 1
+            drop = ()
         for fig in figures:
             fig.machine = machine
-        report.write(report.stamp(figures, command), out, extra=extra(out))
+        report.write(report.stamp(figures, command), out, extra=extra(out), drop=drop)
         console.print(f"{name}: {time.time() - started:.0f} s, {len(figures)} rows -> {out}")
     return 1 if failed else 0
 
@@ -209,8 +263,10 @@ def extra(out: Path) -> str:
     if not PNG.exists():
         return ""
     rel = os.path.relpath(PNG, out.parent)
-    return (f"## Goodput timeline\n\nTraining step against wall time in the goodput run; faults, "
-            f"detections and recoveries marked.\n\n![goodput timeline]({rel})\n")  # fmt: skip
+    return (
+        f"## Goodput timeline\n\nTraining step against wall time in the goodput run; faults, "
+        f"detections and recoveries marked.\n\n![goodput timeline]({rel})\n"
+    )
 
 
 if __name__ == "__main__":

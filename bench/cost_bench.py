@@ -25,8 +25,13 @@ def stacks(root: Path = REPO / "stacks") -> list[dict]:
         config = (yaml.safe_load(path.read_text()) or {}).get("config", {})
         accel = config.get("tpupod:acceleratorType")
         if accel:
-            out.append({"stack": path.stem.removeprefix("Pulumi."), "accelerator": accel,
-                        "preset": config.get("tpupod:preset", "350m")})  # fmt: skip
+            out.append(
+                {
+                    "stack": path.stem.removeprefix("Pulumi."),
+                    "accelerator": accel,
+                    "preset": config.get("tpupod:preset", "350m"),
+                }
+            )
     return out
 
 
@@ -61,14 +66,22 @@ def run(goodput: float | None, goodput_label: str) -> dict:
         fpt = flops_per_token(st["preset"], gen)
         tokens_per_s = ASSUMED_MFU * PEAK_FLOPS[gen] * acc.chips / fpt
         price = prices[gen]
-        row.update(flops_per_token=fpt, assumed_tokens_per_s=tokens_per_s,
-                   price_ratio=price["spot"] / price["on_demand"])  # fmt: skip
+        row.update(
+            flops_per_token=fpt,
+            assumed_tokens_per_s=tokens_per_s,
+            price_ratio=price["spot"] / price["on_demand"],
+        )
         if goodput is not None:
             row.update(cost.compare(gen, acc.chips, tokens_per_s, goodput))
             row["cost_ratio"] = row["price_ratio"] / goodput
         rows.append(row)
-    return {"goodput": goodput, "goodput_label": goodput_label, "assumed_mfu": ASSUMED_MFU,
-            "prices_as_of": prices["as_of"], "rows": rows}  # fmt: skip
+    return {
+        "goodput": goodput,
+        "goodput_label": goodput_label,
+        "assumed_mfu": ASSUMED_MFU,
+        "prices_as_of": prices["as_of"],
+        "rows": rows,
+    }
 
 
 def figures(result: dict) -> list[Figure]:
@@ -83,14 +96,22 @@ def figures(result: dict) -> list[Figure]:
         if g is None:
             figs.append(Figure(name, f"not run: {label}"))
             continue
-        figs.append(Figure(
-            name, f"{row['cost_ratio']:.2f}x ({1 - row['cost_ratio']:.0%} saved)",
-            note=f"price ratio {row['price_ratio']:.2f} (prices of {as_of}) / goodput {g:.1%} "
-            f"({label})"))  # fmt: skip
-        figs.append(Figure(
-            f"cost {row['stack']} ({row['preset']}): $/Mtok spot vs on-demand",
-            f"{row['spot_usd_per_mtok']:.3g} vs {row['on_demand_usd_per_mtok']:.3g}", "$/Mtok",
-            note=f"ASSUMED: MFU {result['assumed_mfu']} of the {row['generation']} peak "
-            f"({row['assumed_tokens_per_s']:.3g} tok/s on {row['chips']} chips), not measured; "
-            f"goodput {g:.1%} ({label}); prices of {as_of}"))  # fmt: skip
+        figs.append(
+            Figure(
+                name,
+                f"{row['cost_ratio']:.2f}x ({1 - row['cost_ratio']:.0%} saved)",
+                note=f"price ratio {row['price_ratio']:.2f} (prices of {as_of}) / goodput {g:.1%} "
+                f"({label})",
+            )
+        )
+        figs.append(
+            Figure(
+                f"cost {row['stack']} ({row['preset']}): $/Mtok spot vs on-demand",
+                f"{row['spot_usd_per_mtok']:.3g} vs {row['on_demand_usd_per_mtok']:.3g}",
+                "$/Mtok",
+                note=f"ASSUMED: MFU {result['assumed_mfu']} of the {row['generation']} peak "
+                f"({row['assumed_tokens_per_s']:.3g} tok/s on {row['chips']} chips), not measured; "
+                f"goodput {g:.1%} ({label}); prices of {as_of}",
+            )
+        )
     return figs

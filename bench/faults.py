@@ -99,5 +99,11 @@ class Schedule:
         notice = self.notice if kind == "notice" else 0.0
         record = {"time": started, "kind": kind, "notice": notice, "step": step}
         self.injected.append(record)
-        watcher.journal.event("injected", f"{KINDS[kind]} at step ~{step}", fault=kind,
-                              injected_at=started, notice=notice, step=step)  # fmt: skip
+        watcher.journal.event(
+            "injected",
+            f"{KINDS[kind]} at step ~{step}",
+            fault=kind,
+            injected_at=started,
+            notice=notice,
+            step=step,
+        )

@@ -39,7 +39,7 @@ def mean_step_time(segs: list[list[dict]]) -> float | None:
     for seg in segs:
         stepping = [s for s in seg if s["state"] in STEPPING and s["heartbeat"]]
         for a, b in zip(stepping, stepping[1:], strict=False):
-            if b["step"] > a["step"]:
+            if b["step"] > a["step"] and b["state"] != "preempted":  # not the notice save
                 dt += b["heartbeat"] - a["heartbeat"]
                 dsteps += b["step"] - a["step"]
     return dt / dsteps if dsteps else None
@@ -66,8 +66,9 @@ def analyse(record: RunRecord) -> dict:
     wall = done - first
     productive = final_step * step_time
     ref_segs = segments(record.sampled.get("status", []), source="reference")
-    ref_first = next((s["heartbeat"] for seg in ref_segs for s in seg if s["state"] in STEPPING),
-                     None)  # fmt: skip
+    ref_first = next(
+        (s["heartbeat"] for seg in ref_segs for s in seg if s["state"] in STEPPING), None
+    )
     ref_done = next((s["heartbeat"] for seg in ref_segs for s in seg if s["state"] == "done"), None)
     fp = (record.summary or {}).get("params_fingerprint")
     ref_fp = (record.reference or {}).get("params_fingerprint")
@@ -96,13 +97,22 @@ def plot(record: RunRecord, out: Path, title: str) -> Path:
     return timeline.plot(samples, marks, out, title)
 
 
-def run(out_dir: Path, png: Path, period: float = 300.0, steps: int = 6000,
-        kinds: tuple[str, ...] = ("notice", "kill"), preset: str = "tiny", notice: float = 30.0,
-        sets: tuple[str, ...] = (), console=None) -> dict:  # fmt: skip
+def run(
+    out_dir: Path,
+    png: Path,
+    period: float = 300.0,
+    steps: int = 6000,
+    kinds: tuple[str, ...] = ("notice", "kill"),
+    preset: str = "tiny",
+    notice: float = 30.0,
+    sets: tuple[str, ...] = (),
+    console=None,
+) -> dict:
     args = " ".join([f"--config {preset} --steps {steps}", *(f"--set {s}" for s in sets)])
     schedule = {"kinds": list(kinds), "period": period, "cycle": True}
-    record = run_on_pod(out_dir / "pod-goodput", args, schedule, notice=notice, reference=True,
-                        console=console)  # fmt: skip
+    record = run_on_pod(
+        out_dir / "pod-goodput", args, schedule, notice=notice, reference=True, console=console
+    )
     record.save(out_dir / "goodput-run.json")
     result = analyse(record)
     result["period_s"] = period
@@ -126,19 +136,36 @@ def figures(result: dict) -> list[Figure]:
     )
     goal = ">= 95% at P = 300 s"
     met = result["goodput"] >= 0.95 if period == 300 else None
-    note = (f"productive {result['final_step']} steps x {result['mean_step_time_s']:.3f} s = "
-            f"{result['productive_s']:.0f} s over wall {result['wall_s']:.0f} s (first step -> "
-            f"done); job: {result['trainer_args']}")  # fmt: skip
+    note = (
+        f"productive {result['final_step']} steps x {result['mean_step_time_s']:.3f} s = "
+        f"{result['productive_s']:.0f} s over wall {result['wall_s']:.0f} s (first step -> "
+        f"done); job: {result['trainer_args']}"
+    )
     if result.get("reference_stepping_s"):
         note += f"; uninterrupted reference stepped {result['reference_stepping_s']:.0f} s"
     figs = [Figure(name, f"{result['goodput']:.1%}", "", goal, met, note=note)]
     lost = {k: [i["steps_lost"] for i in result["incidents"] if i["kind"] == k] for k in set(kinds)}
     text = "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in sorted(lost.items()))
     notice_ok = all(x == 0 for x in lost.get("notice", []))
-    figs.append(Figure(f"steps lost per event (goodput run, P={period:g} s)", text, "",
-                       "0 with notice", notice_ok if "notice" in lost else None))  # fmt: skip
+    figs.append(
+        Figure(
+            f"steps lost per event (goodput run, P={period:g} s)",
+            text,
+            "",
+            "0 with notice",
+            notice_ok if "notice" in lost else None,
+        )
+    )
     equal = result["fingerprint_equal"]
-    figs.append(Figure("final params fingerprint equals the uninterrupted run",
-                       "yes" if equal else f"no ({result['fingerprint']} vs "
-                       f"{result['reference_fingerprint']})", "", "yes", equal))  # fmt: skip
+    figs.append(
+        Figure(
+            "final params fingerprint equals the uninterrupted run",
+            "yes"
+            if equal
+            else f"no ({result['fingerprint']} vs {result['reference_fingerprint']})",
+            "",
+            "yes",
+            equal,
+        )
+    )
     return figs

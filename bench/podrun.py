@@ -26,8 +26,9 @@ RUN_PREFIX = "runs/local"  # the local pod's --workdir is gs://BUCKET/runs/<stac
 def watch_config(notice: float, hang: float = 30.0) -> WatchConfig:
     """Short deadlines for one machine; poll 0.5 s like the demo."""
     limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=notice + 15)
-    return WatchConfig(limits=limits, poll=0.5, max_failures=5, ready_deadline=300.0,
-                       backoff_base=1.0)  # fmt: skip
+    return WatchConfig(
+        limits=limits, poll=0.5, max_failures=5, ready_deadline=300.0, backoff_base=1.0
+    )
 
 
 @dataclass
@@ -98,8 +99,16 @@ def run_on_pod(
         summary = (
             read_object(pod.describe(), f"{RUN_PREFIX}/summary.json") if code_ok(outcome) else None
         )
-        record = RunRecord(trainer_args, workers, started, ready, finished, outcome,
-                           injected=schedule.injected, summary=summary)  # fmt: skip
+        record = RunRecord(
+            trainer_args,
+            workers,
+            started,
+            ready,
+            finished,
+            outcome,
+            injected=schedule.injected,
+            summary=summary,
+        )
         if reference and code_ok(outcome):
             record.reference, record.reference_wall_s = run_reference(
                 pod, reference_timeout, console

@@ -31,7 +31,8 @@ STEPPING = {"training", "saving", "preempted", "done"}
 # milestone -> the phase that ends there
 PHASES = {
     "detected": "detection",
-    "recreating": "shutdown (save, slice gone)",
+    "saved": "save on notice + exit",
+    "recreating": "slice going away",
     "ready": "re-creation",
     "restarted": "restart (stop, clear, start)",
     "bootstrapped": "bootstrap",
@@ -87,6 +88,12 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
     # worker 0's trainer before the fault, and the next one
     old = [s for s in status if s["worker"] == 0 and s["t"] < t0]
     old_pid = old[-1]["pid"] if old else None
+    saved = _first(
+        status, lambda s: s["pid"] == old_pid and t0 < s["t"] < t_end and s["state"] == "preempted"
+    )
+    if saved:
+        m["saved"] = saved["heartbeat"]
+    old = [s for s in status if s["worker"] == 0 and s["pid"] == old_pid]
     new = [s for s in status if s["worker"] == 0 and s["pid"] != old_pid and t0 < s["t"] < t_end]
     new = [s for s in new if s["pid"] == new[0]["pid"]]
     if new:
@@ -108,7 +115,7 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
     if training:
         m["training"] = training["heartbeat"]
     # the last step the old trainer reached (it may step on after SIGTERM until it saves)
-    last_step = max((s["step"] for s in old if s["pid"] == old_pid), default=fault.get("step"))
+    last_step = max((s["step"] for s in old), default=fault.get("step"))
     resumed = ev.get("resumed", {})
     return {
         "kind": fault["kind"],
@@ -137,9 +144,21 @@ def compile_cold_cached(config: str = "tiny") -> dict:
     seconds = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("cold", "cached"):
-            cmd = [sys.executable, "-m", "trainer", "--config", config, "--steps", "2",
-                   "--workdir", str(Path(tmp) / name), "--compile-cache", str(Path(tmp) / "cc"),
-                   "--set", "checkpoint_every=0"]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "trainer",
+                "--config",
+                config,
+                "--steps",
+                "2",
+                "--workdir",
+                str(Path(tmp) / name),
+                "--compile-cache",
+                str(Path(tmp) / "cc"),
+                "--set",
+                "checkpoint_every=0",
+            ]
             env = {**os.environ, "JAX_PLATFORMS": "cpu"}
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -150,8 +169,14 @@ def compile_cold_cached(config: str = "tiny") -> dict:
     return seconds
 
 
-def run(out_dir: Path, preset: str = "tiny", min_steps: int = 30, notice: float = 30.0,
-        sets: tuple[str, ...] = (), console=None) -> dict:  # fmt: skip
+def run(
+    out_dir: Path,
+    preset: str = "tiny",
+    min_steps: int = 30,
+    notice: float = 30.0,
+    sets: tuple[str, ...] = (),
+    console=None,
+) -> dict:
     args = " ".join([f"--config {preset} --steps 1000000", *(f"--set {s}" for s in sets)])
     schedule = {"kinds": ["notice", "kill"], "min_steps": min_steps, "stop_steps": min_steps}
     record = run_on_pod(out_dir / "pod-recovery", args, schedule, notice=notice, console=console)
@@ -174,11 +199,17 @@ def figures(result: dict) -> list[Figure]:
             d = ph["detection"]
             figs.append(Figure(f"detection, {what}", d, "s", "<= 2 s", d <= 2.0))
         total = inc["fault_to_first_step_s"]
-        figs.append(Figure(
-            f"recovery, {what} (fault -> first step, local pod, no compile cache)",
-            total if total is not None else "not measured: no first step seen", "s" if total else "",
-            "<= 15 s with warm caches", None if total is None else total <= 15.0))  # fmt: skip
-        missing = [p for k, p in PHASES.items() if k not in m and k != "restarted"]
+        figs.append(
+            Figure(
+                f"recovery, {what} (fault -> first step, local pod, no compile cache)",
+                total if total is not None else "not measured: no first step seen",
+                "s" if total else "",
+                "<= 15 s with warm caches",
+                None if total is None else total <= 15.0,
+            )
+        )
+        optional = {"restarted", "saved"} if inc["kind"] != "notice" else {"restarted"}
+        missing = [p for k, p in PHASES.items() if k not in m and k not in optional]
         text = " + ".join(f"{k} {v:.1f}" for k, v in ph.items()) + " s"
         if missing:
             text += f" (not separated: {', '.join(missing)})"
@@ -186,11 +217,22 @@ def figures(result: dict) -> list[Figure]:
         lost = inc["steps_lost"]
         goal = "0 with notice" if inc["kind"] == "notice" else "<= checkpoint interval"
         met = (lost == 0) if inc["kind"] == "notice" and lost is not None else None
-        figs.append(Figure(f"steps lost, {what}", lost if lost is not None else "not measured",
-                           "steps", goal, met))  # fmt: skip
+        figs.append(
+            Figure(
+                f"steps lost, {what}",
+                lost if lost is not None else "not measured",
+                "steps",
+                goal,
+                met,
+            )
+        )
     c = result.get("compile")
     if c:
         hit = "hit" if c["cached_hit"] else "MISS"
-        figs.append(Figure("compile cold / cached (tiny, 1 process)",
-                           f"{c['cold']:.2f} / {c['cached']:.2f} s (cache {hit})"))  # fmt: skip
+        figs.append(
+            Figure(
+                "compile cold / cached (tiny, 1 process)",
+                f"{c['cold']:.2f} / {c['cached']:.2f} s (cache {hit})",
+            )
+        )
     return figs

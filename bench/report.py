@@ -57,10 +57,13 @@ def _load(json_path: Path) -> dict[str, dict]:
     return {}
 
 
-def write(figures: list[Figure], markdown: Path, extra: str = "") -> None:
-    """Merge `figures` into the JSON store beside `markdown` and rewrite the table."""
+def write(
+    figures: list[Figure], markdown: Path, extra: str = "", drop: tuple[str, ...] = ()
+) -> None:
+    """Merge `figures` into the JSON store beside `markdown` (removing rows named in `drop`,
+    e.g. an earlier "not run" row) and rewrite the table."""
     store = markdown.with_suffix(".json")
-    rows = _load(store)
+    rows = {k: v for k, v in _load(store).items() if k not in drop}
     rows.update({fig.name: asdict(fig) for fig in figures})
     store.write_text(json.dumps(list(rows.values()), indent=1) + "\n")
     table = "\n".join([HEADER, RULE, *(Figure(**row).row() for row in rows.values())])

@@ -91,8 +91,15 @@ class Sampler(threading.Thread):
                 if self._last.get((index, source)) != key:
                     self._last[(index, source)] = key
                     fields = {f: doc.get(f) for f in STATUS_FIELDS}
-                    self.status.append({"t": now, "worker": index, "source": source,
-                                        "heartbeat": doc.get("heartbeat"), **fields})  # fmt: skip
+                    self.status.append(
+                        {
+                            "t": now,
+                            "worker": index,
+                            "source": source,
+                            "heartbeat": doc.get("heartbeat"),
+                            **fields,
+                        }
+                    )
             boot = _read_json(root / "bootstrap.json")
             if boot and boot.get("started"):
                 self.boots[(index, boot["started"])] = boot

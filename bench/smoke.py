@@ -17,13 +17,21 @@ def _segment(pid: int, start: float, first: int, last: int, restored: int | None
     """Status samples of one trainer process on both workers: init, compile, steps, end."""
     out = []
     for w in (0, 1):
-        base = {"worker": w, "source": "job", "pid": pid + w, "exit_code": None,
-                "compile_cache_hit": False, "restored_from": restored}  # fmt: skip
+        base = {
+            "worker": w,
+            "source": "job",
+            "pid": pid + w,
+            "exit_code": None,
+            "compile_cache_hit": False,
+            "restored_from": restored,
+        }
         out.append({**base, "t": start, "heartbeat": start, "state": "initializing", "step": 0})
-        out.append({**base, "t": start + 3, "heartbeat": start + 3, "state": "compiling",
-                    "step": first})  # fmt: skip
-        out.append({**base, "t": start + 5, "heartbeat": start + 5, "state": "training",
-                    "step": first})  # fmt: skip
+        out.append(
+            {**base, "t": start + 3, "heartbeat": start + 3, "state": "compiling", "step": first}
+        )
+        out.append(
+            {**base, "t": start + 5, "heartbeat": start + 5, "state": "training", "step": first}
+        )
         for s in range(first + 1, last + 1):
             t = start + 5 + (s - first) * STEP_S
             state = end_state if s == last else "training"
@@ -39,8 +47,10 @@ def record(steps: int = 300) -> RunRecord:
     t2 = b[-1]["t"]
     c = _segment(300, t2 + 10, 195, steps, 195, "done")
     done = c[-1]["t"] + 0.5
-    injected = [{"time": t1 - 0.2, "kind": "notice", "notice": 30.0, "step": 99},
-                {"time": t2 + 0.05, "kind": "kill", "notice": 0.0, "step": 200}]  # fmt: skip
+    injected = [
+        {"time": t1 - 0.2, "kind": "notice", "notice": 30.0, "step": 99},
+        {"time": t2 + 0.05, "kind": "kill", "notice": 0.0, "step": 200},
+    ]
     events = [{"time": T0 - 1, "event": "watching"}]
     for fault, resume_at, restored in ((injected[0], t1 + 18, 100), (injected[1], t2 + 16, 195)):
         t = fault["time"]
@@ -50,12 +60,22 @@ def record(steps: int = 300) -> RunRecord:
             {"time": t + 6, "event": "ready", "seconds": 4.0},
             {"time": t + 9, "event": "bootstrapped", "seconds": 7.0},
             {"time": resume_at, "event": "resumed", "step": restored, "recovery_s": 9.0},
-        ]  # fmt: skip
+        ]
     events.append({"time": done, "event": "done", "step": steps})
-    boots = [{"worker": w, "started": t + 6.2, "updated": t + 8.5,
-              "phases": [{"name": "metadata", "started": t + 6.2, "ended": t + 6.5},
-                         {"name": "start-trainer", "started": t + 8.0, "ended": t + 8.5}]}
-             for f in injected for t in [f["time"]] for w in (0, 1)]  # fmt: skip
+    boots = [
+        {
+            "worker": w,
+            "started": t + 6.2,
+            "updated": t + 8.5,
+            "phases": [
+                {"name": "metadata", "started": t + 6.2, "ended": t + 6.5},
+                {"name": "start-trainer", "started": t + 8.0, "ended": t + 8.5},
+            ],
+        }
+        for f in injected
+        for t in [f["time"]]
+        for w in (0, 1)
+    ]
     lines = [{"t": seg[0]["t"] + 2, "json": {"event": "setup"}} for seg in (b, c)]
     lines += [
         {
@@ -66,9 +86,15 @@ def record(steps: int = 300) -> RunRecord:
     ]
     fp = "synthetic-fingerprint"
     return RunRecord(
-        trainer_args=f"--config tiny --steps {steps}", workers=2, started=T0 - 30, ready=T0 - 5,
-        finished=done, exit="done", events=events, injected=injected,
+        trainer_args=f"--config tiny --steps {steps}",
+        workers=2,
+        started=T0 - 30,
+        ready=T0 - 5,
+        finished=done,
+        exit="done",
+        events=events,
+        injected=injected,
         sampled={"status": a + b + c, "boots": boots, "lines": sorted(lines, key=lambda x: x["t"])},
         summary={"final_step": steps, "params_fingerprint": fp},
         reference={"final_step": steps, "params_fingerprint": fp},
-    )  # fmt: skip
+    )

@@ -133,7 +133,7 @@ phase_metadata() {
 
 # True when uv's version ($1) is at least the pinned one.
 uv_recent_enough() {
-  [ "$(printf '%s\n%s\n' "$TPUPOD_UV_VERSION" "$1" | sort -V | head -n 1)" = "$TPUPOD_UV_VERSION" ]
+  [ "$(printf '%s\n%s\n' "$TPUPOD_UV_VERSION" "$1" | sort -V | sed -n 1p)" = "$TPUPOD_UV_VERSION" ]
 }
 
 phase_uv() {
@@ -246,7 +246,7 @@ phase_trainer_env() {
     echo "TPUPOD_TRAINER_ARGS=$MD_TRAINER_ARGS"
     # Storage emulator access (local pod) travels through the standard variables only.
     # So is the local pod's CPU device layout; none of these is set on GCP.
-    for var in GCE_METADATA_HOST STORAGE_EMULATOR_HOST TENSORSTORE_GCS_HTTP_URL \
+    for var in STORAGE_EMULATOR_HOST TENSORSTORE_GCS_HTTP_URL \
       GOOGLE_AUTH_TOKEN_FOR_TESTING FSSPEC_GCS_TOKEN NO_GCE_CHECK \
       GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT JAX_PLATFORMS XLA_FLAGS TPUPOD_INIT_TIMEOUT; do
       if [ -n "${!var:-}" ]; then echo "$var=${!var}"; fi
@@ -299,7 +299,8 @@ phase() {
     reason=$(cat "$BOOTSTRAP_STATE/reason")
   else
     # The first error line names the cause better than the last line (often a hint).
-    reason=$(cut -d' ' -f3- "$BOOTSTRAP_STATE/$name.out" | grep -i -m 1 'error' ||
+    # (grep reads the file itself: an early exit inside a pipe would fail it under pipefail.)
+    reason=$(grep -i -m 1 'error' "$BOOTSTRAP_STATE/$name.out" | cut -d' ' -f3- ||
       tail -n 1 "$BOOTSTRAP_STATE/$name.out" | cut -d' ' -f3-)
     reason="exit $rc: $reason"
   fi

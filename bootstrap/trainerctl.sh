@@ -44,11 +44,11 @@ our_group_members() {
 # one of our bundles (a trainer whose wrapper died): pids are reused, and the file survives
 # reboots.
 trainer_pid() {
-  local pid
+  local pid cmdline
   pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'trainerctl.sh __run' ||
-    [ -n "$(our_group_members "$pid")" ]; then
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || cmdline=""
+  if [[ "$cmdline" == *"trainerctl.sh __run"* ]] || [ -n "$(our_group_members "$pid")" ]; then
     echo "$pid"
   else
     return 1
@@ -71,7 +71,8 @@ cmd_status() {
 cmd_bundle() {
   local pid member
   pid=$(trainer_pid) || return 1
-  member=$(our_group_members "$pid" | head -n 1)
+  member=$(our_group_members "$pid")
+  member=${member%%$'\n'*} # the first (no `| head`: SIGPIPE under pipefail)
   [ -n "$member" ] || return 1
   basename "$(readlink "/proc/$member/cwd")"
 }

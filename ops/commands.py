@@ -23,7 +23,7 @@ from ops.workers import WorkerError, WorkerGroup
 
 # Per-provider defaults: a CPU pod compiles and boots in seconds, a TPU slice in minutes.
 WATCH_DEFAULTS = {
-    LOCAL: dict(hang=30.0, start=300.0, stall=180.0, bootstrap=600.0, ready=180.0, grace=30.0),
+    LOCAL: dict(hang=30.0, start=300.0, stall=400.0, bootstrap=600.0, ready=180.0, grace=30.0),
     "gcp": dict(hang=300.0, start=1800.0, stall=1800.0, bootstrap=1800.0, ready=1800.0, grace=60.0),
 }
 LOG_FILES = {"trainer": "trainer.log", "bootstrap": "bootstrap.log"}

@@ -43,7 +43,7 @@ REFERENCE_COMMAND = (
 
 
 def demo_config(hang: float = 10.0) -> WatchConfig:
-    limits = Limits(hang=hang, start=300.0, stall=120.0, bootstrap=600.0, ssh=60.0,
+    limits = Limits(hang=hang, start=300.0, stall=400.0, bootstrap=600.0, ssh=60.0,
                     preempt_grace=NOTICE_S + 15)  # fmt: skip
     return WatchConfig(limits=limits, poll=0.5, max_failures=3, ready_deadline=180.0,
                        backoff_base=1.0)  # fmt: skip

@@ -39,6 +39,8 @@ INCIDENT_KINDS = {
 }
 RESUMED_STATES = {TrainerState.TRAINING, TrainerState.SAVING, TrainerState.DONE}
 MAX_PROVIDER_ERRORS = 5
+# States that end a wait for READY early: the new slice failed or was taken again.
+GONE_AGAIN = {SliceState.TERMINATED, SliceState.PREEMPTED}
 
 
 @dataclass
@@ -291,6 +293,10 @@ class Watcher:
         self._provider_errors = 0
         return info
 
+    def _describe_state(self) -> SliceState | None:
+        info = self._describe()
+        return None if info is None else info.state
+
     def _workers(self, workers) -> WorkerGroup:
         """The SSH group for the current endpoints; rebuilt when they change."""
         key = tuple(workers) if workers is not None else self._endpoints
@@ -301,11 +307,14 @@ class Watcher:
         return self.group
 
     def _await(self, done, deadline: float):
+        """Polls describe() until `done`; None past the deadline or when the slice died again."""
         end = time.time() + deadline
         while time.time() < end:
             info = self._describe()
             if info is not None and done(info):
                 return info
+            if info is not None and info.state in GONE_AGAIN:
+                return None
             time.sleep(self.config.poll)
         return None
 
@@ -313,6 +322,8 @@ class Watcher:
         end = time.time() + self.config.limits.bootstrap
         group = self._workers(workers)
         while time.time() < end:
+            if self._describe_state() not in (SliceState.READY, None):
+                return None  # preempted again while booting: the main loop recreates
             probes = group.probe()
             states = {p.bootstrap_state for p in probes if p.reachable}
             if len(states) == 1 and states == {"ok"} and all(p.reachable for p in probes):

@@ -40,8 +40,11 @@ def test_report_merges_rows_by_name(tmp_path: Path):
 
 def test_timeline_draws_gaps_and_marks(tmp_path: Path):
     samples = [(0.0, 0), (1.0, 10), (2.0, None), (3.0, 8), (4.0, 20)]
-    events = [{"event": "preempt", "time": 1.1}, {"event": "detected", "time": 1.3},
-              {"event": "resumed", "time": 3.2}]  # fmt: skip
+    events = [
+        {"event": "preempt", "time": 1.1},
+        {"event": "detected", "time": 1.3},
+        {"event": "resumed", "time": 3.2},
+    ]
     out = timeline.plot(samples, events, tmp_path / "t.png", "t")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

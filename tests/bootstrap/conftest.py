@@ -1,4 +1,5 @@
-"""A bare slice for the bootstrap tests: the local pod's metadata server and bucket, no SSH.
+"""A bare slice for the bootstrap failure tests and measure_boot: the local pod's metadata
+server, bucket and worker environment, without agents or SSH.
 
 Each worker is a directory ($TPUPOD_ROOT) and a metadata listener on its own loopback address;
 "booting" a worker runs the real startup-script from its metadata, as the guest agent does.
@@ -27,8 +28,6 @@ from localpod.metadata_server import MetadataServer, MetadataStore
 
 BUCKET = "tpupod-local-ckpt"
 STACK = "local"
-STANDIN = Path(__file__).with_name("standin_trainer.py")
-REAL_TRAINER = (PROJECT_ROOT / "trainer" / "__main__.py").exists()
 # Long enough to outlive every test that expects a running trainer; teardown stops it.
 TRAINER_ARGS = "--config tiny --steps 100000"
 
@@ -41,8 +40,6 @@ def stage_bundle_root(dest: Path, marker: str = "") -> Path:
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         elif src.is_file():
             shutil.copy2(src, dest / name)
-    if not REAL_TRAINER:
-        shutil.copy2(STANDIN, dest / "trainer" / "__main__.py")
     if marker:
         with (dest / "README.md").open("a") as f:
             f.write(f"\n<!-- bundle marker {marker} -->\n")
@@ -236,16 +233,6 @@ def _make_slice(tmp: Path, workers: int):
         os.killpg(emulator.pid, signal.SIGTERM)
         emulator.wait(timeout=10)
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory):
-    """A two-worker slice shared by a module's tests (a boot with the real trainer is slow)."""
-    with _make_slice(tmp_path_factory.mktemp("slice"), 2) as made:
-        try:
-            yield made
-        finally:
-            made.cleanup()
 
 
 @pytest.fixture

@@ -1,17 +1,28 @@
 """bootstrap/startup.sh in the real local pod: worker agents run it from metadata at boot.
 
-Two workers, CPU JAX over gloo, the real trainer; the re-run goes over SSH (Fabric) as ops would.
+Two workers, CPU JAX over gloo, the real trainer. The tests share one pod and run in order:
+boot from nothing, re-run, new bundle hash, metadata without the bucket. Re-runs go over SSH
+(Fabric), as ops would. The pod cannot change a worker's metadata once created, so the last two
+re-run the script against a metadata server of the test's own (the pod's server code, serving
+the pod's attributes with some keys changed), as if `pulumi up` had updated them in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shlex
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fabric
 import pytest
 
+from localpod import procs, storage
+from localpod.metadata_server import MetadataServer, MetadataStore
 from localpod.pod import LocalPod, WorkerInfo
 
 pytestmark = pytest.mark.e2e
@@ -26,8 +37,9 @@ RERUN = (
 )
 
 
-def ssh(worker: WorkerInfo, command: str) -> str:
-    """As ops reaches a worker: Fabric, key auth only."""
+def ssh(worker: WorkerInfo, command: str, env: dict[str, str] | None = None):
+    """As ops reaches a worker: Fabric, key auth only. Returns the fabric Result (no raise)."""
+    prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
     with fabric.Connection(
         worker.host,
         port=worker.port,
@@ -39,7 +51,7 @@ def ssh(worker: WorkerInfo, command: str) -> str:
             "allow_agent": False,
         },
     ) as conn:
-        return conn.run(command, hide=True, in_stream=False, timeout=300).stdout
+        return conn.run(prefix + command, hide=True, in_stream=False, timeout=300, warn=True)
 
 
 def read(path: Path) -> dict | None:
@@ -47,6 +59,10 @@ def read(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
         return None
+
+
+def phase_lines(text: str, phase: str) -> list[str]:
+    return [line for line in text.splitlines() if f" [{phase}] " in line]
 
 
 def wait_first_step(roots: list[Path], timeout: float = 240.0) -> dict[int, float]:
@@ -71,6 +87,20 @@ def wait_first_step(roots: list[Path], timeout: float = 240.0) -> dict[int, floa
     return seen
 
 
+def trainer_processes(root: Path) -> list[int]:
+    """Live `python -m trainer` processes running from one of this worker's bundles."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except (OSError, ValueError):
+            continue
+        if cmdline[1:3] == [b"-m", b"trainer"] and cwd.startswith(str(root / "bundles")):
+            found.append(int(entry))
+    return found
+
+
 @pytest.fixture(scope="module")
 def local_pod(tmp_path_factory):
     pod = LocalPod(
@@ -85,6 +115,38 @@ def local_pod(tmp_path_factory):
         pod.down()
 
 
+@contextlib.contextmanager
+def changed_metadata(pod: LocalPod, **changes: str | None):
+    """A metadata server on the workers' addresses serving the pod's attributes with `changes`
+    (None drops a key); yields GCE_METADATA_HOST for each worker."""
+    info = pod.describe()
+    addresses = [w.host for w in info.workers]
+    attributes = {}
+    for i, address in enumerate(addresses):
+        request = urllib.request.Request(
+            f"http://{address}:{info.pod['metadata_port']}/computeMetadata/v1/"
+            "instance/attributes/?recursive=true",
+            headers={"Metadata-Flavor": "Google"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            attrs = json.loads(resp.read())
+        for key, value in changes.items():
+            if value is None:
+                attrs.pop(key, None)
+            else:
+                attrs[key] = value
+        attributes[i] = attrs
+    store = MetadataStore()
+    store.set_attributes(attributes, {i: f"tpupod-local-w-{i}" for i in attributes})
+    port = procs.free_port_on_all(addresses)
+    server = MetadataServer(addresses, port, store)
+    server.start()
+    try:
+        yield [f"{address}:{port}" for address in addresses]
+    finally:
+        server.stop()
+
+
 def roots_of(pod: LocalPod) -> list[Path]:
     return [pod.paths.home(i) / "tpupod" for i in range(pod.workers)]
 
@@ -96,8 +158,13 @@ def test_local_pod_boots_both_workers_to_training(local_pod):
         boot = read(root / "bootstrap.json")
         assert boot["state"] == "ok", boot
         assert [p["name"] for p in boot["phases"]] == PHASES
+        assert all(p["state"] == "ok" for p in boot["phases"])
         status = read(root / "status.json")
         assert status["process_id"] == i and status["state"] == "training"
+        env = dict(line.split("=", 1) for line in (root / "trainer.env").read_text().splitlines())
+        assert env["TPUPOD_NUM_PROCESSES"] == "2" and env["TPUPOD_PROCESS_ID"] == str(i)
+        assert env["TPUPOD_COORDINATOR"].startswith(local_pod.describe().workers[0].host + ":")
+        assert len(trainer_processes(root)) == 1
         phases = " ".join(f"{p['name']}={p['seconds']:.1f}s" for p in boot["phases"])
         print(f"worker {i}: boot -> first step {first_step[i] - boot['started']:.1f}s ({phases})")
 
@@ -106,20 +173,72 @@ def test_local_pod_rerun_over_ssh_changes_nothing(local_pod):
     roots = roots_of(local_pod)
     wait_first_step(roots)
     pids = [(root / "trainer.pid").read_text().strip() for root in roots]
+    bundles = [sorted(p.name for p in (root / "bundles").iterdir()) for root in roots]
     for worker, root in zip(local_pod.describe().workers, roots, strict=True):
-        out = ssh(worker, RERUN)
-        sync = [line for line in out.splitlines() if " [sync] " in line]
-        assert sync and not any("Installed" in line for line in sync), out
-        assert "already present" in out and "trainer already running" in out, out
+        result = ssh(worker, RERUN)
+        assert result.ok, result.stdout + result.stderr
+        sync = phase_lines(result.stdout, "sync")
+        assert sync and not any("Installed" in line for line in sync), result.stdout
+        assert any("already present" in line for line in phase_lines(result.stdout, "bundle"))
+        start = phase_lines(result.stdout, "start-trainer")
+        assert any("trainer already running" in line for line in start), result.stdout
         assert read(root / "bootstrap.json")["state"] == "ok"
     assert [(root / "trainer.pid").read_text().strip() for root in roots] == pids
+    assert [sorted(p.name for p in (root / "bundles").iterdir()) for root in roots] == bundles
     # One trainer per worker, and it goes on training.
     for worker, root in zip(local_pod.describe().workers, roots, strict=True):
-        assert ssh(worker, '"$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" status').startswith(
-            "running pid"
-        )
+        assert len(trainer_processes(root)) == 1
+        status = ssh(worker, '"$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" status')
+        assert status.stdout.startswith("running pid")
         step = read(root / "status.json")["step"]
         deadline = time.monotonic() + 60
         while read(root / "status.json")["step"] <= step:
             assert time.monotonic() < deadline, "trainer stopped training after the re-run"
             time.sleep(0.2)
+
+
+def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
+    roots = roots_of(local_pod)
+    info = local_pod.describe()
+    new = bundles[1]
+    old = [os.readlink(root / "current").split("/")[-1] for root in roots]
+    assert new.sha256 not in old
+    old_pids = [int((root / "trainer.pid").read_text()) for root in roots]
+    storage.upload_bundle(info.pod["emulator_url"], info.pod["bucket"], new)
+    changes = {"tpupod-bundle-sha256": new.sha256, "tpupod-bundle-object": new.object_name}
+    with changed_metadata(local_pod, **changes) as hosts:
+        # Both workers at once: a multi-host job stops as a whole.
+        env = [{"GCE_METADATA_HOST": h, "TPUPOD_STOP_TIMEOUT": "30"} for h in hosts]
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(ssh, info.workers, [RERUN] * 2, env))
+    for i, (result, root) in enumerate(zip(results, roots, strict=True)):
+        assert result.ok, result.stdout + result.stderr
+        assert os.readlink(root / "current") == f"bundles/{new.sha256}"
+        assert (root / "bundles" / new.sha256 / ".tpupod-bundle").read_text().strip() == new.sha256
+        assert read(root / "bootstrap.json")["bundle_sha256"] == new.sha256
+        stale = phase_lines(result.stdout, "clear-stale")
+        assert any(f"runs bundle {old[i]}, want {new.sha256}" in line for line in stale)
+        # Exit 75 once its preemption save commits; SIGKILL (137) after the stop timeout if not.
+        assert any("trainer stopped (exit code" in line for line in stale), result.stdout
+        assert not procs.alive(old_pids[i])
+        assert int((root / "trainer.pid").read_text()) != old_pids[i]
+    wait_first_step(roots)
+    for root in roots:
+        (pid,) = trainer_processes(root)
+        assert os.readlink(f"/proc/{pid}/cwd").endswith(new.sha256)
+
+
+def test_local_pod_metadata_without_bucket_names_the_phase(local_pod):
+    worker, root = local_pod.describe().workers[0], roots_of(local_pod)[0]
+    pid = (root / "trainer.pid").read_text()
+    with changed_metadata(local_pod, **{"tpupod-bucket": None}) as hosts:
+        result = ssh(worker, RERUN, {"GCE_METADATA_HOST": hosts[0]})
+    assert not result.ok
+    boot = read(root / "bootstrap.json")
+    assert boot["state"] == "failed" and boot["phase"] == "metadata"
+    assert boot["message"] == "metadata key tpupod-bucket is missing"
+    expected = "[metadata] FAILED: metadata key tpupod-bucket is missing"
+    assert expected in result.stdout
+    assert expected in (root / "bootstrap.log").read_text()
+    # It failed before touching anything: the trainer runs on.
+    assert (root / "trainer.pid").read_text() == pid and trainer_processes(root)
