@@ -205,13 +205,14 @@ phase_sync() {
   mkdir -p "$UV_CACHE_DIR"
   echo "uv ${args[*]} in $dir (cache $UV_CACHE_DIR)"
   (cd "$dir" && uv "${args[@]}")
+  echo "environment ready: $dir/.venv"
 }
 
 phase_clear_stale() {
   local ctl="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256/bootstrap/trainerctl.sh" running
   if running=$("$ctl" bundle); then
     if [ "$running" = "$MD_BUNDLE_SHA256" ]; then
-      echo "trainer on bundle $running is running; leaving it"
+      echo "the trainer on this bundle is running: leaving it"
       return 0
     fi
     echo "trainer runs bundle ${running:-?}, want $MD_BUNDLE_SHA256: stopping it"
@@ -229,6 +230,7 @@ phase_clear_stale() {
     fi
   done < <(find "$TPUPOD_ROOT/bundles" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' \
     -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)
+  echo "no trainer running, locks clear"
 }
 
 phase_trainer_env() {
@@ -260,6 +262,7 @@ phase_trainer_env() {
   fi
   mv "$env.tmp" "$env"
   cat "$env"
+  echo "wrote $env"
 }
 
 phase_start_trainer() {
@@ -330,8 +333,10 @@ main() {
   # The bundle is complete and synced: make it the active one.
   ln -sfn "bundles/$MD_BUNDLE_SHA256" "$TPUPOD_ROOT/current.tmp"
   mv -T "$TPUPOD_ROOT/current.tmp" "$TPUPOD_ROOT/current"
-  phase clear-stale 120 phase_clear_stale
-  phase trainer-env 30 phase_trainer_env
+  # Both may stop a trainer: longer than trainerctl's stop timeout.
+  local stop_deadline=$((${TPUPOD_STOP_TIMEOUT:-60} + 60))
+  phase clear-stale "$stop_deadline" phase_clear_stale
+  phase trainer-env "$stop_deadline" phase_trainer_env
   phase start-trainer 60 phase_start_trainer 9>&-
   record finish start-trainer "bootstrap complete"
   log finish "bootstrap complete"

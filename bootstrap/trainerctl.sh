@@ -119,15 +119,15 @@ cmd_start() {
   return 1
 }
 
+# The same under systemd: the unit's main process (the wrapper) is a session and group leader
+# too, and this honours this call's stop timeout rather than the unit's.
 cmd_stop() {
   local pid waited=0 killed=""
-  if have_systemd; then
-    systemctl stop "$UNIT" || true
-  fi
-  pid=$(trainer_pid) || {
+  if ! pid=$(trainer_pid); then
+    if have_systemd; then systemctl stop "$UNIT" || true; fi
     echo "trainer not running"
     return 0
-  }
+  fi
   echo "stopping trainer (process group $pid), SIGKILL after ${STOP_TIMEOUT}s"
   kill -TERM -- "-$pid" 2>/dev/null || true
   while kill -0 -- "-$pid" 2>/dev/null; do
@@ -142,6 +142,9 @@ cmd_stop() {
   # SIGKILL took the wrapper too: record what it could not.
   if [ -n "$killed" ] && [ ! -f "$EXITFILE" ]; then echo 137 >"$EXITFILE"; fi
   rm -f "$PIDFILE"
+  if have_systemd; then
+    systemctl stop "$UNIT" || true # nothing left in it: settles the unit's state at once
+  fi
   echo "trainer stopped (exit code $(cat "$EXITFILE" 2>/dev/null || echo unknown))"
 }
 

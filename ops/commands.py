@@ -250,6 +250,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="local pod: train, preempt, hang, recover; compare with an uninterrupted run"
     )
     demo.add_argument("--preset", default="tiny", help="trainer config preset")
-    demo.add_argument("--steps", type=int, default=120, help="training steps")
+    demo.add_argument("--steps", type=int, default=60, help="training steps")
     demo.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
     demo.set_defaults(func=cmd_demo)

@@ -31,14 +31,15 @@ from ops.workers import WorkerGroup
 
 REFERENCE_PREFIX = "runs/reference"
 NOTICE_S = 60.0  # SIGTERM -> SIGKILL; the trainer exits once its save is committed
-# The reference: the job's trainer.env, exported line by line (values hold spaces), new workdir.
+# The reference: the job's trainer.env, exported line by line (values hold spaces), a fresh
+# workdir, and no periodic checkpoints (they cannot change the weights; they only cost time).
 REFERENCE_COMMAND = (
     f'R={REMOTE_ROOT}; cd -P "$R/current" && '
     'while IFS=\'=\' read -r k v; do export "$k=$v"; done < "$R/trainer.env" && '
     'export TPUPOD_WORKDIR="gs://BUCKET/' + REFERENCE_PREFIX + '" '
     'TPUPOD_STATUS_FILE="$R/reference-status.json" && '
     'read -r -a args <<< "$TPUPOD_TRAINER_ARGS" && '
-    '.venv/bin/python -m trainer "${args[@]}" > "$R/reference.log" 2>&1'
+    '.venv/bin/python -m trainer "${args[@]}" --set checkpoint_every=0 > "$R/reference.log" 2>&1'
 )
 
 
@@ -179,7 +180,9 @@ def run_demo(args: argparse.Namespace) -> int:
     if steps < 20:
         raise CliError("--steps must be at least 20 (room for a preemption and a hang)")
     pod_dir = args.pod_dir or ROOT / ".tpupod" / "demo"
-    pod = LocalPod(pod_dir, workers=2, trainer_args=f"--config {preset} --steps {steps}")
+    # A save every 10 steps: enough to show a hang's lost steps, few enough for a 2-core machine.
+    job = f"--config {preset} --steps {steps} --set checkpoint_every=10"
+    pod = LocalPod(pod_dir, workers=2, trainer_args=job)
     journal_file = pod.paths.root / "journal.jsonl"
     started = time.time()
     previous = signal.signal(signal.SIGTERM, _interrupt)

@@ -90,6 +90,19 @@ ON_DEADLINE: dict[WorkerCondition, Action] = {
     WorkerCondition.STARTING: Action.RESTART,
 }
 
+# What kind of incident a condition (or a dead slice) is, for the journal and the budgets.
+INCIDENT_KINDS = {
+    WorkerCondition.FAILED: "crash",
+    WorkerCondition.HUNG: "hang",
+    WorkerCondition.PREEMPTED: "preemption",
+    WorkerCondition.BOOTSTRAP_FAILED: "bootstrap-failed",
+    WorkerCondition.BOOTSTRAPPING: "bootstrap-timeout",
+    WorkerCondition.UNREACHABLE: "unreachable",
+    WorkerCondition.STARTING: "start-timeout",
+}
+# States that end a wait for READY early: the new slice failed or was taken again.
+GONE_AGAIN = {SliceState.TERMINATED, SliceState.PREEMPTED}
+
 # `trainer.exit` -> condition (anything else is a failure).
 EXIT_CONDITIONS: dict[int, WorkerCondition] = {
     EXIT_DONE: WorkerCondition.DONE,

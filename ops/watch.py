@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from ops.journal import Journal
 from ops.provider import Provider, ProviderError, SliceState
 from ops.recovery import (
+    GONE_AGAIN,
+    INCIDENT_KINDS,
     NOTICE_HEALTH,
     SLICE_ACTIONS,
     Action,
@@ -27,20 +29,8 @@ from ops.recovery import (
 from ops.workers import WorkerError, WorkerGroup
 from trainer.status import TrainerState
 
-# What kind of incident a condition (or a dead slice) is, for the journal and the budgets.
-INCIDENT_KINDS = {
-    WorkerCondition.FAILED: "crash",
-    WorkerCondition.HUNG: "hang",
-    WorkerCondition.PREEMPTED: "preemption",
-    WorkerCondition.BOOTSTRAP_FAILED: "bootstrap-failed",
-    WorkerCondition.BOOTSTRAPPING: "bootstrap-timeout",
-    WorkerCondition.UNREACHABLE: "unreachable",
-    WorkerCondition.STARTING: "start-timeout",
-}
 RESUMED_STATES = {TrainerState.TRAINING, TrainerState.SAVING, TrainerState.DONE}
 MAX_PROVIDER_ERRORS = 5
-# States that end a wait for READY early: the new slice failed or was taken again.
-GONE_AGAIN = {SliceState.TERMINATED, SliceState.PREEMPTED}
 
 
 @dataclass
@@ -203,13 +193,10 @@ class Watcher:
         if self._recovering():
             self._finish_incident(probes)
         step = max((p.status.step for p in probes if p.status), default=self.last_step)
+        counts = dict(preemptions=self.preemptions, failures=self.failures)
+        message = f"every worker done at step {step} ({self.preemptions} preemptions, "
         self.journal.event(
-            "done",
-            f"every worker done at step {step} ({self.preemptions} preemptions, "
-            f"{self.failures} failure restarts)",
-            step=step,
-            preemptions=self.preemptions,
-            failures=self.failures,
+            "done", message + f"{self.failures} failure restarts)", step=step, **counts
         )
         return 0
 
@@ -293,10 +280,6 @@ class Watcher:
         self._provider_errors = 0
         return info
 
-    def _describe_state(self) -> SliceState | None:
-        info = self._describe()
-        return None if info is None else info.state
-
     def _workers(self, workers) -> WorkerGroup:
         """The SSH group for the current endpoints; rebuilt when they change."""
         key = tuple(workers) if workers is not None else self._endpoints
@@ -322,7 +305,8 @@ class Watcher:
         end = time.time() + self.config.limits.bootstrap
         group = self._workers(workers)
         while time.time() < end:
-            if self._describe_state() not in (SliceState.READY, None):
+            info = self._describe()
+            if info is not None and info.state is not SliceState.READY:
                 return None  # preempted again while booting: the main loop recreates
             probes = group.probe()
             states = {p.bootstrap_state for p in probes if p.reachable}

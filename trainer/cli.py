@@ -21,12 +21,21 @@ ENV = {
 }
 
 
+def _config_help() -> str:
+    from trainer.config import FIELDS, PRESETS
+
+    keys = ", ".join(f"{name} ({f.type})" for name, f in FIELDS.items())
+    return f"presets: {', '.join(PRESETS)}\n--set keys: {keys}"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer",
         description="Multi-host JAX language-model trainer with exact resume after preemption. "
         "Exit codes: 0 done, 1 failed, 2 bad input, 75 preempted (checkpoint committed; "
         "restart to resume).",
+        epilog=_config_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     env = os.environ.get
     p.add_argument("--config", required=True, help="preset (tiny, small, 350m, 1b) or a YAML file")
@@ -130,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         preemption = Preemption(distributed=args.coordinator is not None)
-        hb = Heartbeat(args.status_file, args.process_id or 0, interval=cfg.heartbeat_seconds)
+        hb = Heartbeat(
+            args.status_file, args.process_id or 0, cfg.heartbeat_seconds, cfg.stall_seconds
+        )
         hb.update(state=TrainerState.INITIALIZING)
         if not args.workdir:
             raise BadInput("--workdir (or $TPUPOD_WORKDIR) is required")

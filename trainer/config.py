@@ -54,6 +54,7 @@ class Config:
     keep_latest: int = 3
     keep_every: int = 0  # additionally keep every M-th step; 0 disables
     heartbeat_seconds: float = 2.0
+    stall_seconds: float = 600.0  # no step progress this long: stop heartbeating (a hang)
 
 
 PRESETS: dict[str, dict] = {

@@ -64,12 +64,18 @@ def peak_flops(dtype) -> tuple[float, str]:
 
 
 class Heartbeat:
-    """Thread-safe status file plus a background heartbeat, so long steps never look hung."""
+    """Thread-safe status file plus a background heartbeat, so long steps never look hung.
 
-    def __init__(self, path, process_id: int, interval: float):
+    The background beat stops once the training loop has made no progress (no `update` from the
+    main thread) for `stall_seconds`: a deadlocked step then shows a stale heartbeat, as ops expects.
+    """
+
+    def __init__(self, path, process_id: int, interval: float, stall_seconds: float = 600.0):
         self._file = StatusFile(path, process_id)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._progress = time.time()
+        self._stall = stall_seconds
         self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True)
         self._thread.start()
 
@@ -79,12 +85,16 @@ class Heartbeat:
 
     def update(self, **changes) -> None:
         with self._lock:
+            self._progress = time.time()
             self._file.update(**changes)
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            with contextlib.suppress(OSError):
-                self.update()
+            waiting = self._file.status.state in ("initializing", "compiling")
+            if not waiting and time.time() - self._progress > self._stall:
+                continue
+            with self._lock, contextlib.suppress(OSError):
+                self._file.update()
 
     def stop(self) -> None:
         self._stop.set()
