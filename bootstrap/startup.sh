@@ -15,6 +15,8 @@
 set -euo pipefail
 
 export TPUPOD_ROOT="${TPUPOD_ROOT:-/var/lib/tpupod}"
+# The guest agent may start us without HOME; uv keeps its Python installs under it.
+export HOME="${HOME:-/root}"
 export GCE_METADATA_HOST="${GCE_METADATA_HOST:-metadata.google.internal}"
 export UV_CACHE_DIR="${UV_CACHE_DIR:-/var/cache/uv}"
 export TPUPOD_UV_VERSION="${TPUPOD_UV_VERSION:-0.13.9}"
@@ -318,7 +320,10 @@ main() {
   cd "$TPUPOD_ROOT"
   # One bootstrap at a time per worker (fd 9 is closed for the trainer in start-trainer).
   exec 9>"$BOOTSTRAP_STATE/lock"
-  flock 9
+  if ! flock -n 9; then
+    log start "another bootstrap is running; waiting for it"
+    flock 9
+  fi
   record begin start
   log start "bootstrap of $TPUPOD_ROOT (metadata at $GCE_METADATA_HOST)"
 

@@ -57,9 +57,8 @@ def worker_table(info: SliceInfo, probes: list[Probe]) -> Table:
     table = Table(
         title=f"workers: slice {info.state}" + (f", {info.health}" if info.health else "")
     )
-    for column in ("worker", "bootstrap", "trainer", "step", "loss", "tokens/s", "checkpoint"):
-        table.add_column(column, justify="right" if column in ("step", "loss") else "left")
-    table.add_column("heartbeat", justify="right")
+    for column in ("worker", "bootstrap", "trainer", "step", "loss", "tok/s", "ckpt", "beat"):
+        table.add_column(column, justify="left" if column in ("bootstrap", "trainer") else "right")
     for p in probes:
         if not p.reachable:
             table.add_row(str(p.index), "[red]unreachable[/red]", p.error or "", *[""] * 5)
@@ -69,15 +68,16 @@ def worker_table(info: SliceInfo, probes: list[Probe]) -> Table:
         trainer = "-" if s is None else str(s.state)
         if p.exit_code is not None and not p.alive:
             trainer += f" (exit {p.exit_code})"
+        state = boot.get("state", "-")
         table.add_row(
             str(p.index),
-            f"{boot.get('state', '-')}/{boot.get('phase', '-')}",
+            state if state == "ok" else f"{state} ({boot.get('phase', '-')})",
             trainer,
             "-" if s is None else str(s.step),
             "-" if s is None or s.loss is None else f"{s.loss:.4f}",
             "-" if s is None or s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
             "-" if s is None or s.last_checkpoint is None else str(s.last_checkpoint),
-            "-" if p.heartbeat_age is None else f"{p.heartbeat_age:.1f}s",
+            "-" if p.heartbeat_age is None else f"{p.heartbeat_age:.1f}s ago",
         )
     return table
 

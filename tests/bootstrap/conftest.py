@@ -250,3 +250,9 @@ def bundles(tmp_path_factory):
     """Two bundles of the same code with different hashes."""
     tmp = tmp_path_factory.mktemp("bundles")
     return [build_bundle(stage_bundle_root(tmp / name, name)) for name in ("a", "b")]
+
+
+@pytest.fixture
+def stage():
+    """stage(dest, marker="") -> dest: a copy of what the bundle holds, to edit and build."""
+    return stage_bundle_root

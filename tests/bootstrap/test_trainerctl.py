@@ -148,6 +148,10 @@ def test_a_trainer_whose_wrapper_died_is_still_found_and_stopped(ctl):
     c = ctl()
     assert c("start").returncode == 0
     pid = c.pid()
+    deadline = time.monotonic() + 10  # the wrapper has started the trainer
+    while "fake python" not in (c.root / "trainer.log").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)  # the wrapper only; the trainer lives on in its group
     procs.wait_gone(pid, None, timeout=5)
     assert c("status").stdout.strip() == f"running pid {pid}"

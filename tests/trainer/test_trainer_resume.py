@@ -28,7 +28,7 @@ def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
     run_ok(spawn, [*base, "--workdir", tmp_path / "ref"], tmp_path, "ref")
     reference = summary(tmp_path / "ref")["params_fingerprint"]
 
-    # 1. SIGTERM at a random step: preemption save, status `preempted`, exit 75.
+    # 1. SIGTERM (twice) at a random step: preemption save, status `preempted`, exit 75.
     wd, status_file = tmp_path / "term", tmp_path / "term.status"
     args = [*base, "--workdir", wd, "--status-file", status_file]
     t = spawn(args, tmp_path, "term1")
@@ -36,6 +36,8 @@ def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
     t.wait_for(lambda: t.last_step() >= k, what=f"step {k}")
     t.signal(signal.SIGTERM)
     sent = time.time()
+    time.sleep(0.05)
+    t.signal(signal.SIGTERM)  # a second SIGTERM during the save changes nothing
     assert t.wait() == 75, t.stderr
     print(f"SIGTERM -> committed exit: {time.time() - sent:.2f}s")
     status = read_status(status_file)
