@@ -196,7 +196,7 @@ def save(name: str, result: dict, out: Path = OUT) -> None:
 
 def smoke(out: Path, console: Console) -> list[Figure]:
     """Synthetic record -> recovery and goodput analyses, timeline, cost: no pod, no trainer."""
-    from bench import cost_bench, goodput_bench, recovery_bench
+    from bench import cost_bench, goodput_bench
     from bench.smoke import record
 
     rec = record()
@@ -204,7 +204,7 @@ def smoke(out: Path, console: Console) -> list[Figure]:
     g["period_s"] = 0.0
     g["timeline"] = str(goodput_bench.plot(rec, out.parent / "timeline.png", "smoke (synthetic)"))
     save("goodput", g, out.parent)
-    figs = recovery_bench.figures({"incidents": g["incidents"]}) + goodput_bench.figures(g)
+    figs = goodput_bench.figures(g)  # with the recovery rows of its events
     figs += cost_bench.figures(cost_bench.run(g["goodput"], "SYNTHETIC smoke record"))
     for fig in figs:
         fig.name = f"smoke: {fig.name}"
@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         out = a.out or OUT / "smoke" / "BENCHMARKS.md"
         out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").unlink(missing_ok=True)  # smoke rows never accumulate
         figures = report.stamp(smoke(out, console), command)
         report.write(figures, out)
         console.print(f"wrote {out}")

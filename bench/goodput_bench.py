@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bench import timeline
 from bench.podrun import RunRecord, run_on_pod
+from bench.recovery_bench import figures as recovery_figures
 from bench.recovery_bench import incidents
 from bench.report import Figure
 
@@ -124,10 +125,12 @@ def run(
 
 
 def figures(result: dict) -> list[Figure]:
+    """The goodput rows, plus the recovery rows of the run's own events."""
     period = result.get("period_s", 0)
+    recovery = recovery_figures(result, where=f"goodput run, P={period:g} s")
     if result.get("goodput") is None:
         why = result.get("why", result.get("outcome"))
-        return [Figure(f"goodput (P={period:g} s)", f"not measured: {why}")]
+        return [Figure(f"goodput (P={period:g} s)", f"not measured: {why}"), *recovery]
     minutes = result["wall_s"] / 60
     kinds = result["kinds"]
     name = (
@@ -168,4 +171,4 @@ def figures(result: dict) -> list[Figure]:
             equal,
         )
     )
-    return figs
+    return figs + recovery

@@ -79,6 +79,7 @@ def run_on_pod(
     pod = LocalPod(pod_dir, workers=workers, trainer_args=trainer_args)
     sampler = Sampler(pod.paths.root, workers)
     started = time.time()
+    journal = schedule = None
     try:
         with console.status(f"bringing up a {workers}-worker local pod") as status:
             pod.up(progress=status.update)
@@ -117,6 +118,14 @@ def run_on_pod(
         record.events = list(journal.events)
         record.sampled = sampler.record()
         return record
+    except BaseException:
+        if journal is not None:  # keep what an interrupted run measured, for a look afterwards
+            injected = schedule.injected if schedule else []
+            events = list(journal.events)
+            partial = RunRecord(trainer_args, workers, started, started, time.time(),
+                                "interrupted", events, injected, sampler.record())  # fmt: skip
+            partial.save(pod_dir.with_name(f"{pod_dir.name}-partial.json"))
+        raise
     finally:
         try:
             sampler.stop()

@@ -48,7 +48,7 @@ def record(steps: int = 300) -> RunRecord:
     c = _segment(300, t2 + 10, 195, steps, 195, "done")
     done = c[-1]["t"] + 0.5
     injected = [
-        {"time": t1 - 0.2, "kind": "notice", "notice": 30.0, "step": 99},
+        {"time": t1 - 2.0, "kind": "notice", "notice": 30.0, "step": 99},
         {"time": t2 + 0.05, "kind": "kill", "notice": 0.0, "step": 200},
     ]
     events = [{"time": T0 - 1, "event": "watching"}]
