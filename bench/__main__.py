@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bench import report
+from bench.podrun import RunRecord
 from bench.report import Figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="markdown file [BENCHMARKS.md; smoke: bench/out/smoke]")
     p.add_argument("--period", type=float, default=300.0, help="goodput: seconds between faults")
     p.add_argument("--steps", type=int, default=6000, help="goodput: steps of the job")
+    p.add_argument("--record", type=Path, help="goodput: analyse this saved run, run nothing")
     p.add_argument("--faults", default="notice,kill", help="goodput: fault kinds, in turn")
     p.add_argument("--preset", default="tiny", help="recovery/goodput: the pod job's preset")
     p.add_argument(
@@ -149,6 +151,10 @@ def goodput_figs(a, console) -> list[Figure]:
     from bench import goodput_bench
 
     kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
+    if a.record:  # re-analyse a saved run (its period: --period)
+        r = goodput_bench.report_run(RunRecord.load(a.record), PNG, a.period)
+        save("goodput", r)
+        return goodput_bench.figures(r)
     r = goodput_bench.run(
         OUT,
         PNG,

@@ -19,13 +19,13 @@ from infra.bundle_archive import Bundle
 
 
 def emulator_command(port: int, bucket: str) -> list[str]:
-    exe = Path(sys.executable).with_name("gcp-storage-emulator")
-    head = [str(exe)] if exe.exists() else [sys.executable, "-m", "gcp_storage_emulator"]
-    return [*head, "start", "--host", "127.0.0.1", "--port", str(port), "--default-bucket", bucket]
+    """The emulator in memory (localpod.emulator says why): it lives as long as the pod."""
+    return [sys.executable, "-m", "localpod.emulator", "start", "--host", "127.0.0.1",
+            "--port", str(port), "--default-bucket", bucket]  # fmt: skip
 
 
 def start_emulator(port: int, bucket: str, data_dir: Path, log: Path) -> subprocess.Popen:
-    """Start the emulator storing under `data_dir` (it keeps objects in $STORAGE_BASE/.cloudstorage)."""
+    """Start the emulator with `data_dir` as its working directory (objects stay in memory)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "STORAGE_BASE": str(data_dir)}
     with log.open("ab") as out:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from localpod.storage import emulator_command
+
 # --import-mode=importlib puts no test directory on sys.path; the helpers live beside us.
 sys.path.insert(0, str(Path(__file__).parent))
-from trainer_testlib import VENV_BIN, Trainer, free_port, gcs_env, trainer_env  # noqa: E402
+from trainer_testlib import Trainer, free_port, gcs_env, trainer_env  # noqa: E402
 
 
 @pytest.fixture
@@ -42,18 +44,7 @@ def gcs_emulator(monkeypatch):
     applied to this test process, so gcsfs here sees the same bucket)."""
     port = free_port()
     proc = subprocess.Popen(
-        [
-            str(VENV_BIN / "gcp-storage-emulator"),
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--in-memory",
-            "--default-bucket",
-            "tpupod-test",
-            "-q",
-        ],
+        emulator_command(port, "tpupod-test"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
