@@ -130,6 +130,8 @@ cmd_stop() {
   fi
   echo "stopping trainer (process group $pid), SIGKILL after ${STOP_TIMEOUT}s"
   kill -TERM -- "-$pid" 2>/dev/null || true
+  # A hung (SIGSTOPped) trainer handles its SIGTERM only once it runs again.
+  kill -CONT -- "-$pid" 2>/dev/null || true
   while kill -0 -- "-$pid" 2>/dev/null; do
     if [ "$waited" -ge $((STOP_TIMEOUT * 10)) ]; then
       [ -n "$killed" ] || echo "trainer still running after ${STOP_TIMEOUT}s: SIGKILL"

@@ -1,4 +1,4 @@
-"""`tpupod local ...` (up, down, preempt, crash, hang) and the first form of `tpupod status`.
+"""`tpupod local ...` (up, down, preempt, crash, hang) and `slice_table`, the slice part of `tpupod status`.
 
 `slice_table` builds the status table from an `ops.provider.SliceInfo`, so the ops `status`
 command can reuse it for any provider.
@@ -16,7 +16,7 @@ from rich.table import Table
 from localpod.pod import LocalPod
 from localpod.state import PodError
 from ops.cli import CliError
-from ops.provider import ProviderError, SliceInfo, SliceState
+from ops.provider import SliceInfo, SliceState
 from ops.providers.local import LocalProvider
 
 _STATE_STYLE = {
@@ -113,18 +113,6 @@ def _hang(args: argparse.Namespace) -> int:
     return _call(args, lambda pod: f"worker {args.worker}: trainer {pod.hang(args.worker)} stopped")
 
 
-def _status(args: argparse.Namespace) -> int:
-    if args.stack != "local":
-        raise CliError(f"status --stack {args.stack}: only --stack local is served here so far")
-    provider = LocalProvider(pod_dir=args.pod_dir)
-    try:
-        info = provider.describe()
-    except ProviderError as err:
-        raise CliError(str(err)) from None
-    Console().print(slice_table(info, title=f"local pod ({provider.pod.paths.root})"))
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     pod_dir = argparse.ArgumentParser(add_help=False)
     pod_dir.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
@@ -155,9 +143,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(name, parents=[pod_dir], help=f"{what} a worker's trainer")
         parser.add_argument("--worker", type=int, required=True, help="worker index")
         parser.set_defaults(func=func)
-
-    status = subparsers.add_parser(
-        "status", parents=[pod_dir], help="slice state, health and workers"
-    )
-    status.add_argument("--stack", default="local", help="stack name (local: the local pod)")
-    status.set_defaults(func=_status)

@@ -218,8 +218,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stack.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
 
-    # `status` may already exist (the local pod's first form): take it over, never duplicate.
-    status = subparsers.choices.get("status") or subparsers.add_parser(
+    status = subparsers.add_parser(
         "status", parents=[stack], help="slice state and every worker's trainer"
     )
     status.set_defaults(func=cmd_status)
