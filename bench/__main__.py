@@ -249,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         drop: tuple[str, ...] = (f"{name} benchmark",)  # a failure row from an earlier run
         try:
             figures = RUNNERS[name](a, console)
+        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (a timeout): say so, then stop
+            why = f"not run: interrupted ({err or 'Ctrl-C'}) after {time.time() - started:.0f} s"
+            report.write(report.stamp([Figure(f"{name} benchmark", why)], command), out,
+                         extra=extra(out))  # fmt: skip
+            raise
         except ModuleNotFoundError as err:
             figures = [Figure(f"{name} benchmark", f"not run: module {err.name} missing")]
             failed += 1
