@@ -3,8 +3,9 @@ with notice and no-notice kills in turn), then the same job uninterrupted for th
 
 productive time = the time each trainer process spent stepping towards steps that were kept (its
 first step -> the step the next process restored from; the trainer's own heartbeat stamps;
-periodic saves included, compile, restarts and lost steps not); wall time = the first training
-step seen -> watch `done`. final step x mean step time is kept beside it as a cross-check.
+periodic saves included, compile, restarts, lost steps and peak probes not: a trainer without a
+cached peak probes it after its first step); wall time = the first training step seen -> watch
+`done`. final step x mean step time is kept beside it as a cross-check.
 
     uv run python -m bench goodput --period 300 --steps 6000
 """
@@ -69,6 +70,12 @@ def productive_time(segs: list[list[dict]]) -> float:
     return total
 
 
+def probe_seconds(lines: list[dict]) -> float:
+    """Time worker 0's trainers spent on the peak probe (`peak_measured`), mid-stepping."""
+    probes = [x["json"] for x in lines if x.get("json", {}).get("event") == "peak_measured"]
+    return sum(p.get("seconds", 0.0) for p in probes)
+
+
 def analyse(record: RunRecord) -> dict:
     events = record.events
     segs = segments(record.sampled.get("status", []))
@@ -88,7 +95,8 @@ def analyse(record: RunRecord) -> dict:
     if None in (first, done, step_time, final_step):
         return {**result, "goodput": None, "why": "run did not finish or no steps sampled"}
     wall = done - first
-    productive = productive_time(segs)
+    probes = probe_seconds(record.sampled.get("lines", []))
+    productive = productive_time(segs) - probes
     ref_segs = segments(record.sampled.get("status", []), source="reference")
     ref_first = next(
         (s["heartbeat"] for seg in ref_segs for s in seg if s["state"] in STEPPING), None
@@ -101,6 +109,7 @@ def analyse(record: RunRecord) -> dict:
         "wall_s": wall,
         "wall_incl_first_boot_s": done - record.started,
         "productive_s": productive,
+        "peak_probe_s": probes,
         "productive_steps_x_mean_s": final_step * step_time,
         "goodput": productive / wall,
         "reference_stepping_s": ref_done - ref_first if ref_first and ref_done else None,
@@ -174,6 +183,8 @@ def figures(result: dict) -> list[Figure]:
         f"{result['productive_steps_x_mean_s']:.0f} s) over wall {result['wall_s']:.0f} s "
         f"(first step -> done); job: {result['trainer_args']}"
     )
+    if result.get("peak_probe_s"):
+        note += f"; peak probes ({result['peak_probe_s']:.1f} s) not counted as productive"
     if result.get("reference_stepping_s"):
         note += f"; uninterrupted reference stepped {result['reference_stepping_s']:.0f} s"
     figs = [Figure(name, f"{result['goodput']:.1%}", "", goal, met, note=note)]

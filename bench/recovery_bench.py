@@ -1,15 +1,19 @@
 """Recovery on the local pod, in phases: one preemption with notice, then one without.
 
 Each phase is the gap between two consecutive milestones, so the phases add up to the total:
-  injected   the pod call (bench.faults)             detected    journal `detected`
-  recreating journal `recreated` minus its seconds   ready       journal `ready`
-  bootstrapped  last bootstrap.json phase end        trainer up  first status.json of the new pid
-  setup      worker 0's `setup` log line (seen)      restored    status `compiling` (after restore)
-  compiled   restored + the `compiled` seconds       training    status `training`
-  first step first status.json step past the restore point
-`setup` is stamped when the sampler first saw the line (resolution: its 0.2 s poll); status times
-are the trainer's own heartbeat stamps. Merged: the trainer's imports with its process start
-(`trainer up`), and JAX distributed init with the mesh and data setup (`setup`).
+  injected        the pod call (bench.faults)       detected      journal `detected`
+  saved           old trainer's status `preempted`  recreating    journal `recreated` - seconds
+  ready           journal `ready`                   bootstrapped  last bootstrap.json phase end
+then worker 0's new trainer, by its own clock (event `time`s and status.json heartbeats):
+  process_start   `started`.process_start (/proc)   started       its `started` event
+  imported        `jax_initialized` - its seconds   jax_initialized  that event
+  setup           its `setup` event                 restored      status `compiling`
+  compiled        its `compiled` event              training      status `training`
+  first_step      first status step past the restore point
+`imported` also closes the workdir check; `setup` is the mesh, model and data. Milestones come from
+several workers and clocks: one earlier than the milestone before it (worker 0's trainer starting
+while worker 1 still bootstraps) ends a zero-length phase. A trainer without `started` lines falls
+back to its first status.json (`trainer_up`) and to when the sampler saw a line (0.2 s poll).
 
     uv run python -m bench recovery
 """
@@ -25,6 +29,7 @@ from pathlib import Path
 
 from bench.podrun import RunRecord, run_on_pod
 from bench.report import Figure
+from bench.trainer_log import trainer_events, trainer_milestones
 
 REPO = Path(__file__).resolve().parents[1]
 STEPPING = {"training", "saving", "preempted", "done"}
@@ -36,19 +41,26 @@ PHASES = {
     "ready": "re-creation",
     "restarted": "restart (stop, clear, start)",
     "bootstrapped": "bootstrap",
-    "trainer_up": "trainer start + imports",
-    "setup": "JAX init + mesh/data",
+    "process_start": "trainer launch",
+    "started": "interpreter start",
+    "trainer_up": "trainer start + imports",  # only without a `started` line
+    "imported": "imports + workdir check",
+    "jax_initialized": "JAX init",
+    "setup": "mesh + data setup",
     "restored": "restore",
     "compiled": "compile",
-    "training": "peak probe + rest",
+    "training": "after compile",
     "first_step": "first step",
 }
+OPTIONAL = {"restarted", "trainer_up"}  # never missed: present only on some paths
 
 
 PHASE_NOTE = (
-    "milestones from the watch journal, bootstrap.json, status.json heartbeats and worker 0's "
-    "log lines as first seen (0.2 s poll); merged: trainer imports with its start, JAX "
-    "distributed init with mesh + data setup; multi-process CPU keeps the compile cache off"
+    "milestones from the watch journal, bootstrap.json (slowest worker), and worker 0's trainer "
+    "by its own clock: event times (started, with its /proc start; jax_initialized, less its "
+    "seconds; setup; compiled) and status.json heartbeats (compiling, training, first step); "
+    "phases that overlap the previous one count from its end; multi-process CPU keeps the "
+    "compile cache off"
 )
 
 
@@ -61,10 +73,6 @@ def incidents(record: RunRecord) -> list[dict]:
     faults = record.injected
     ends = [f["time"] for f in faults[1:]] + [float("inf")]
     return [_incident(record, f, end) for f, end in zip(faults, ends, strict=True)]
-
-
-def _log_event(lines: list[dict], name: str, t0: float, t1: float) -> dict | None:
-    return _first(lines, lambda x: t0 < x["t"] < t1 and x.get("json", {}).get("event") == name)
 
 
 def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
@@ -96,18 +104,18 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
     old = [s for s in status if s["worker"] == 0 and s["pid"] == old_pid]
     new = [s for s in status if s["worker"] == 0 and s["pid"] != old_pid and t0 < s["t"] < t_end]
     new = [s for s in new if s["pid"] == new[0]["pid"]]
-    if new:
+    log = trainer_events(lines, t0, t_end, new[0]["pid"], new[0]["heartbeat"]) if new else {}
+    m.update(trainer_milestones(log))
+    if new and "started" not in m:
         m["trainer_up"] = new[0]["heartbeat"]
-        setup = _log_event(lines, "setup", t0, t_end)
-        if setup and setup["t"] >= new[0]["heartbeat"]:
-            m["setup"] = setup["t"]
     compiling = _first(new, lambda s: s["state"] == "compiling")
     restored_from = compiling["restored_from"] if compiling else None
-    compiled = _log_event(lines, "compiled", t0, t_end)
+    compiled = log.get("compiled")
     if compiling:
         m["restored"] = compiling["heartbeat"]
         if compiled:
-            m["compiled"] = m["restored"] + compiled["json"]["seconds"]
+            c = compiled["json"]
+            m["compiled"] = c["time"] if "time" in c else m["restored"] + c["seconds"]
         stepped = [s for s in new if s["step"] > (restored_from or 0) and s["state"] in STEPPING]
         if stepped:
             m["first_step"] = stepped[0]["heartbeat"]
@@ -133,9 +141,16 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
 
 
 def phases(m: dict[str, float]) -> dict[str, float]:
-    """Consecutive milestone gaps, in PHASES order, over the milestones present."""
-    order = ["injected", *[k for k in PHASES if k in m]]
-    return {PHASES[b]: round(m[b] - m[a], 3) for a, b in zip(order, order[1:], strict=False)}
+    """Consecutive milestone gaps, in PHASES order, over the milestones present. A milestone
+    earlier than the one before it (another worker's, or another clock's) ends a zero-length
+    phase, so the phases stay >= 0 and still add up to injected -> the last milestone."""
+    out, last = {}, m["injected"]
+    for key, name in PHASES.items():
+        if key in m:
+            t = max(m[key], last)
+            out[name] = round(t - last, 3)
+            last = t
+    return out
 
 
 def compile_cold_cached(config: str = "tiny") -> dict:
@@ -237,7 +252,7 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
         )
         names = list(dict.fromkeys(k for i in incs for k in i["phases"]))
         mean_phases = {k: _mean([i["phases"].get(k) for i in incs]) for k in names}
-        optional = {"restarted", "saved"} if kind != "notice" else {"restarted"}
+        optional = OPTIONAL | ({"saved"} if kind != "notice" else set())
         missing = [
             p
             for k, p in PHASES.items()

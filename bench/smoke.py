@@ -39,6 +39,19 @@ def _segment(pid: int, start: float, first: int, last: int, restored: int | None
     return sorted(out, key=lambda x: (x["t"], x["worker"]))
 
 
+def _startup_lines(start: float, pid: int) -> list[dict]:
+    """Worker 0's start-up events around its first status at `start`: {"t": seen, "json": event}."""
+    events = [
+        ("started", start - 0.2, {"process_start": start - 0.4, "pid": pid}),
+        ("jax_initialized", start + 1.5, {"seconds": 0.5}),
+        ("setup", start + 1.9, {}),
+        ("compiled", start + 4.5, {"seconds": 1.5, "compile_cache_hit": False}),
+    ]
+    return [
+        {"t": t + 0.1, "json": {"event": name, "time": t, **fields}} for name, t, fields in events
+    ]
+
+
 def record(steps: int = 300) -> RunRecord:
     """Faults at steps 100 (notice: saved at 100) and 200 (kill: last checkpoint 195)."""
     a = _segment(100, T0, 0, 100, None, "preempted")
@@ -76,14 +89,7 @@ def record(steps: int = 300) -> RunRecord:
         for t in [f["time"]]
         for w in (0, 1)
     ]
-    lines = [{"t": seg[0]["t"] + 2, "json": {"event": "setup"}} for seg in (b, c)]
-    lines += [
-        {
-            "t": seg[0]["t"] + 4,
-            "json": {"event": "compiled", "seconds": 1.5, "compile_cache_hit": False},
-        }
-        for seg in (b, c)
-    ]
+    lines = [line for seg in (b, c) for line in _startup_lines(seg[0]["t"], seg[0]["pid"])]
     fp = "synthetic-fingerprint"
     return RunRecord(
         trainer_args=f"--config tiny --steps {steps}",

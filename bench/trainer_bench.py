@@ -27,6 +27,7 @@ def train(config: str, steps: int, workdir: str, sets: list[str], env: dict | No
     full_env = {
         **os.environ,
         "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
+        "TPUPOD_FRESH_PEAK": "1",  # the peak is measured in this very run, never reused
         **(env or {}),
     }
     proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True)
@@ -46,7 +47,7 @@ def train(config: str, steps: int, workdir: str, sets: list[str], env: dict | No
 
 def run(config: str = "small", steps: int = 15, warmup: int = 5) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        rows, _, summary = train(config, steps, tmp, ["checkpoint_every=0", "log_every=1"])
+        rows, events, summary = train(config, steps, tmp, ["checkpoint_every=0", "log_every=1"])
     timed = [r for r in rows if r["step"] > warmup]
     step_time = statistics.median(r["step_time"] for r in timed)
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
@@ -61,6 +62,7 @@ def run(config: str = "small", steps: int = 15, warmup: int = 5) -> dict:
         "model_flops_per_s": flops,
         "peak_flops": peak,
         "peak_source": timed[-1]["peak_source"],
+        "allocator": events["setup"].get("allocator", "system"),
         "mfu": flops / peak,
         "goal_mfu": 0.60,
     }

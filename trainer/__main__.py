@@ -2,6 +2,10 @@
 
 import sys
 
-from trainer.cli import main
+from trainer.allocator import reexec_with_tcmalloc
+
+reexec_with_tcmalloc(sys.argv[1:])
+
+from trainer.cli import main  # noqa: E402 - after the re-exec, which must precede heavy imports
 
 sys.exit(main())

@@ -97,13 +97,17 @@ class Checkpoints:
         return self.manager.should_save(step)
 
     def save(self, step: int, state, data_iter) -> None:
-        """Starts a save (async: returns once the arrays are copied off the devices)."""
+        """Starts a save (async: returns once the arrays are copied off the devices). Orbax first
+        waits for the previous save to finish, so that one counts as committed from here on (else
+        saves closer together than the polls would never show in `committed`)."""
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(data_iter),
             meta=ocp.args.JsonSave(self.meta),
         )
         self.manager.save(step, args=args, force=True)
+        if self._pending is not None:
+            self.committed = self._pending
         self._pending = step
 
     def poll(self) -> int | None:

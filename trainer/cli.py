@@ -1,6 +1,9 @@
 """`python -m trainer`: flags (with TPUPOD_* environment equivalents, docs/seams.md), multi-host
 initialisation, compilation cache, and the exit-code contract: bad input is one line on stderr
 and exit 2, never a traceback.
+
+Start-up is timed by events (process 0): `started` before the heavy imports (with the process's
+own start time), `jax_initialized` once JAX's distributed runtime and backend are up.
 """
 
 from __future__ import annotations
@@ -8,7 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
+
+from trainer import events
 
 ENV = {
     "workdir": "TPUPOD_WORKDIR",
@@ -121,6 +127,9 @@ def _configure_compile_cache(uri: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    first = not args.process_id  # process 0 (or the only one): the one that writes stdout
+    if first:
+        events.event("started", process_start=events.process_start_time(), pid=os.getpid())
     # Cheap checks first, before the heavy imports: bad input fails in well under a second.
     from trainer.config import BadInput, load_config
     from trainer.status import EXIT_BAD_INPUT, EXIT_FAILED, StatusFile, TrainerState
@@ -134,11 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             state=TrainerState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e)
         )
         return EXIT_BAD_INPUT
-    from trainer.checkpoint import Preemption
-    from trainer.metrics import Heartbeat, generation
+    from trainer.metrics import Heartbeat  # jax-free: the status file appears within a second
 
     try:
-        preemption = Preemption(distributed=args.coordinator is not None)
         hb = Heartbeat(
             args.status_file, args.process_id or 0, cfg.heartbeat_seconds, cfg.stall_seconds
         )
@@ -149,21 +156,38 @@ def main(argv: list[str] | None = None) -> int:
 
         workdir = storage.normalize(args.workdir)
         storage.check_writable(workdir, args.process_id or 0)
+        # The heavy imports (jax, flax, optax, orbax, grain) all here, so that `jax_initialized`
+        # times JAX's start-up alone. None of them starts a backend.
+        from trainer import train
+        from trainer.checkpoint import Preemption
+        from trainer.config import with_generation_batch
+        from trainer.metrics import generation
+
+        preemption = Preemption(distributed=args.coordinator is not None)
+        t0 = time.perf_counter()
         distributed = _init_distributed(args)
         import jax
 
+        backend = jax.default_backend()  # starts the backend (TPU runtime, CPU collectives)
+        if first:
+            events.event(
+                "jax_initialized",
+                seconds=round(time.perf_counter() - t0, 3),
+                backend=backend,
+                distributed=distributed,
+                processes=jax.process_count(),
+                devices=jax.device_count(),
+            )
         # JAX writes cache entries from process 0 only, and on CPU the other processes' cache keys
         # differ: process 0 would load a cached program while process 1 compiles a fresh one, and
         # their gloo collectives deadlock. So multi-process CPU runs (the local pod) skip the cache.
-        if distributed and jax.default_backend() == "cpu":
-            print('{"event": "compile_cache_disabled", "reason": "multi-process CPU"}', flush=True)
+        if distributed and backend == "cpu":
+            if first:
+                events.event("compile_cache_disabled", reason="multi-process CPU")
         else:
             _configure_compile_cache(
                 args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
             )
-
-        from trainer import train
-        from trainer.config import with_generation_batch
 
         train.CacheHits.install()
         cfg = with_generation_batch(cfg, generation(jax.devices()[0]))

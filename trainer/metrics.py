@@ -1,17 +1,16 @@
-"""Throughput, MFU, JSON-lines logs, TensorBoard events and the heartbeating status file."""
+"""Datasheet peaks, JSON-lines logs, TensorBoard events and the heartbeating status file.
+
+Free of jax: the CLI writes the status file before the heavy imports. The measured peak (for
+devices without a datasheet entry) lives in trainer.peak.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 import threading
 import time
 
-import jax
-import jax.numpy as jnp
-
-from trainer import storage
+from trainer import events, storage
 from trainer.status import StatusFile
 
 # Dense bf16 peak FLOP/s per chip (vendor datasheets).
@@ -40,27 +39,6 @@ def generation(device) -> str | None:
         if needle in kind:
             return gen
     return None
-
-
-def measure_dot_peak(dtype=jnp.float32, n: int = 2048, repeats: int = 5) -> float:
-    """This process's matmul FLOP/s, measured with a jnp.dot probe (the CPU 'peak')."""
-    a = jnp.ones((n, n), dtype)
-    dot = jax.jit(lambda x, y: jnp.dot(x, y))
-    dot(a, a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        dot(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
-
-
-def peak_flops(dtype) -> tuple[float, str]:
-    """Total peak FLOP/s over all global devices, and where the figure comes from."""
-    gen = generation(jax.devices()[0])
-    if gen is not None:
-        return PEAK_FLOPS[gen] * jax.device_count(), f"table:{gen}"
-    return measure_dot_peak(dtype) * jax.process_count(), "measured:jnp.dot"
 
 
 class Heartbeat:
@@ -116,13 +94,12 @@ class MetricsLog:
 
     def event(self, name: str, **fields) -> None:
         if self.enabled:
-            print(json.dumps({"event": name, **fields}), flush=True)
-            sys.stdout.flush()
+            events.event(name, **fields)
 
     def scalars(self, step: int, values: dict) -> None:
         if not self.enabled:
             return
-        print(json.dumps({"step": step, **values}), flush=True)
+        events.write({"step": step, "time": events.now(), **values})
         if self._tb is not None:
             for key, value in values.items():
                 if isinstance(value, int | float):

@@ -34,12 +34,18 @@ class RMSNorm(nn.Module):
         return (y * scale).astype(self.dtype)
 
 
-def rope(x, theta: float):
-    """Rotary position embedding over the last axis of x: [batch, seq, heads, head_dim]."""
-    seq, half = x.shape[1], x.shape[-1] // 2
+def rope_tables(seq: int, head_dim: int, theta: float):
+    """sin and cos of the rotary angles, [1, seq, 1, head_dim/2]: computed once per step, shared
+    by every layer."""
+    half = head_dim // 2
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * freqs[None, :]
-    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+    return jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+
+
+def rope(x, tables):
+    """Rotary position embedding over the last axis of x: [batch, seq, heads, head_dim]."""
+    sin, cos = tables
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
@@ -50,7 +56,7 @@ class Block(nn.Module):
     dtype: Dtype
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, rope_sincos):
         cfg, dt = self.cfg, self.dtype
         heads, head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
         std = cfg.d_model**-0.5
@@ -59,7 +65,7 @@ class Block(nn.Module):
         h = RMSNorm(dt, name="attn_norm")(x)
         qkv = _dense(3 * cfg.d_model, ("embed", "qkv"), dt, std, "qkv")(h)
         q, k, v = jnp.split(qkv.reshape(*x.shape[:2], 3 * heads, head_dim), 3, axis=2)
-        q, k = rope(q, cfg.rope_theta), rope(k, cfg.rope_theta)
+        q, k = rope(q, rope_sincos), rope(k, rope_sincos)
         attn = jax.nn.dot_product_attention(q, k, v, is_causal=True)
         attn = attn.reshape(*x.shape[:2], cfg.d_model)
         x = x + _dense(cfg.d_model, ("qkv", "embed"), dt, out_std, "attn_out")(attn)
@@ -81,8 +87,9 @@ class Transformer(nn.Module):
         init = nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed"))
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=init, name="embed")
         x = embed(tokens).astype(self.dtype)
+        tables = rope_tables(tokens.shape[1], cfg.d_model // cfg.n_heads, cfg.rope_theta)
         for i in range(cfg.n_layers):
-            x = Block(cfg, self.dtype, name=f"block_{i}")(x)
+            x = Block(cfg, self.dtype, name=f"block_{i}")(x, tables)
         x = RMSNorm(self.dtype, name="final_norm")(x)
         head = _dense(cfg.vocab_size, ("embed", "vocab"), self.dtype, cfg.d_model**-0.5, "head")
         return head(x).astype(jnp.float32)

@@ -10,11 +10,12 @@ import time
 
 import jax
 
-from trainer import data, storage
+from trainer import allocator, data, storage
 from trainer.checkpoint import Checkpoints, Preemption
 from trainer.config import Config
-from trainer.metrics import Heartbeat, MetricsLog, peak_flops
+from trainer.metrics import Heartbeat, MetricsLog
 from trainer.model import count_params, flops_per_token
+from trainer.peak import peak_flops
 from trainer.sharding import Setup, compute_dtype, make_mesh, params_fingerprint
 from trainer.status import EXIT_DONE, EXIT_PREEMPTED, TrainerState
 
@@ -52,6 +53,7 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
         mesh=dict(mesh.shape),
         data=source,
         data_tokens=int(len(tokens)),
+        allocator=allocator.name(),
         config=cfg.__dict__,
     )
 
@@ -78,7 +80,9 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
     train_step = setup.lower_train_step().compile()
     cache_hit = CacheHits.count > hits_before
     log.event("compiled", seconds=round(time.perf_counter() - t0, 3), compile_cache_hit=cache_hit)
-    peak, peak_source = peak_flops(compute_dtype(cfg))
+    # The datasheet or a cached probe; a probe still to run waits for the first step (below).
+    dtype = compute_dtype(cfg)
+    peak, peak_source = peak_flops(dtype, measure=False)
     flops_step = flops_per_token(cfg, n_params) * cfg.batch_size * cfg.seq_len
     hb.update(state=TrainerState.TRAINING, compile_cache_hit=cache_hit)
 
@@ -103,10 +107,11 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
             step_time=step_time,
             tokens_per_s=tokens_per_s,
             model_flops_per_s=flops_step / step_time,
-            mfu=flops_step / step_time / peak,
-            peak_flops=peak,
-            peak_source=peak_source,
         )
+        if peak is not None:
+            values.update(
+                mfu=flops_step / step_time / peak, peak_flops=peak, peak_source=peak_source
+            )
         log.scalars(done_step, values)
         hb.update(
             step=done_step,
@@ -124,11 +129,21 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
             if pending is not None:
                 report(*pending)
             pending = (step, metrics)
+            if peak is None:
+                # Probe after the first step, not before it: a (re)start is judged by its time to
+                # the first step. Its metrics are read first, so the device is idle while the probe
+                # runs, and the probe's time stays out of the next step_time.
+                report(*pending)
+                pending, t_probe = None, time.perf_counter()
+                peak, peak_source = peak_flops(dtype)
+                probe_s = round(time.perf_counter() - t_probe, 3)
+                log.event("peak_measured", peak_flops=peak, source=peak_source, seconds=probe_s)
+                last_report = (step, time.perf_counter())
             preempted = preemption.reached(step, checkpoints)
             if preempted or checkpoints.should_save(step):
                 hb.update(state=TrainerState.SAVING, step=step)
                 checkpoints.save(step, state, data_iter)
-                hb.update(state=TrainerState.TRAINING)
+                hb.update(state=TrainerState.TRAINING, last_checkpoint=checkpoints.committed)
             if preempted:
                 break
         if pending is not None:

@@ -62,9 +62,45 @@ def test_analyses_on_synthetic_run():
     assert g["productive_s"] == pytest.approx(300 * smoke.STEP_S, abs=0.5)
     assert g["productive_steps_x_mean_s"] == pytest.approx(300 * smoke.STEP_S, rel=0.05)
     assert g["goodput"] == pytest.approx(g["productive_s"] / g["wall_s"])
-    assert g["fingerprint_equal"] is True
+    assert g["fingerprint_equal"] is True and g["peak_probe_s"] == 0
+    probe = [{"t": 1.0, "json": {"event": "peak_measured", "seconds": 1.5}}, {"t": 1.0, "json": {}}]
+    assert goodput_bench.probe_seconds(probe) == 1.5
     names = [f.name for f in goodput_bench.figures({**g, "period_s": 300.0})]
     assert names[0].startswith("goodput (P=300 s")
+
+
+def test_recovery_phases_split_trainer_start_by_its_own_times():
+    rec = smoke.record(steps=300)
+    kill = recovery_bench.incidents(rec)[1]["phases"]
+    # smoke._startup_lines: process start, `started` 0.2 s later, JAX init 0.5 s ending 1.7 s
+    # after it, `setup` 0.4 s after that; status `compiling` at +3.2 (times, not sampler t)
+    assert kill["interpreter start"] == pytest.approx(0.2)
+    assert kill["imports + workdir check"] == pytest.approx(1.2)
+    assert kill["JAX init"] == pytest.approx(0.5)
+    assert kill["mesh + data setup"] == pytest.approx(0.4)
+    assert kill["restore"] == pytest.approx(1.1) and kill["compile"] == pytest.approx(1.5)
+    assert "trainer start + imports" not in kill
+
+    # A trainer without start-up events: its first status, and `setup` as the sampler saw it.
+    for line in rec.sampled["lines"]:
+        line["json"].pop("time", None)
+    rec.sampled["lines"] = [
+        x for x in rec.sampled["lines"] if x["json"]["event"] in ("setup", "compiled")
+    ]
+    inc = recovery_bench.incidents(rec)[1]
+    assert "trainer start + imports" in inc["phases"] and "JAX init" not in inc["phases"]
+    rows = recovery_bench.figures({"incidents": [inc]})
+    assert "not separated: trainer launch, interpreter start" in rows[2].value
+
+
+def test_recovery_phases_clamp_overlapping_milestones():
+    m = {"injected": 0.0, "bootstrapped": 5.0, "process_start": 4.0, "started": 6.0}
+    assert recovery_bench.phases({**m, "first_step": 9.0}) == {
+        "bootstrap": 5.0,
+        "trainer launch": 0.0,  # worker 0's trainer started before the slowest worker booted
+        "interpreter start": 1.0,
+        "first step": 3.0,
+    }
 
 
 class FakePod:

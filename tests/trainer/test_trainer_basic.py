@@ -1,5 +1,6 @@
-"""Single-process training: loss falls, determinism per seed, status file, compile cache, and
-bad input as one line with exit code 2."""
+"""Single-process training: loss falls, determinism per seed, status file, compile cache, the
+JSON-lines contract (timed events, the peak probe after the first step, its cache), and bad input
+as one line with exit code 2."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ STEPS = 12
 
 
 def test_tiny_trains_deterministically(spawn, tmp_path):
+    peak_env = {"TPUPOD_CACHE_DIR": str(tmp_path / "peak-cache")}
     a = run_ok(
         spawn,
         [
@@ -28,21 +30,23 @@ def test_tiny_trains_deterministically(spawn, tmp_path):
         ],
         tmp_path,
         "a",
+        env=peak_env,
     )
     losses = [r["loss"] for r in a.lines() if "loss" in r and "event" not in r]
     assert len(losses) == STEPS  # tiny logs every step
     assert losses[-1] < losses[0] - 1.0, losses
-    first = next(r for r in a.lines() if r.get("step") == 1)
-    for key in (
-        "learning_rate",
-        "grad_norm",
-        "tokens_per_s",
-        "step_time",
-        "model_flops_per_s",
-        "mfu",
-    ):
+    lines = a.lines()
+    assert [r.get("event") for r in lines[:2]] == ["started", "jax_initialized"]
+    assert lines[0]["process_start"] <= lines[0]["time"] and lines[1]["seconds"] >= 0
+    times = [r["time"] for r in lines]
+    assert times == sorted(times), "every line carries its unix time, in order"
+    # An empty peak cache: the probe runs after the first step, which is logged without MFU.
+    first = next(r for r in lines if r.get("step") == 1)
+    for key in ("learning_rate", "grad_norm", "tokens_per_s", "step_time", "model_flops_per_s"):
         assert key in first
-    assert first["peak_source"] == "measured:jnp.dot"
+    assert "mfu" not in first and [r.get("event") for r in lines].count("peak_measured") == 1
+    last = next(r for r in lines if r.get("step") == STEPS)
+    assert last["peak_source"] == "measured:jnp.dot" and 0 < last["mfu"] < 1
     s = summary(tmp_path / "a")
     assert s["final_step"] == STEPS and s["tokens_seen"] == STEPS * 8 * 64
     assert len(s["params_fingerprint"]) == 64 and s["wall_time_s"] > 0
@@ -51,13 +55,17 @@ def test_tiny_trains_deterministically(spawn, tmp_path):
     assert status.last_checkpoint == STEPS and status.compile_cache_hit is False
     assert list((tmp_path / "a" / "tb").iterdir()), "tensorboard events expected"
 
-    # Same seed, fresh workdir: same fingerprint; the shared compile cache serves the step.
-    b = run_ok(
-        spawn, ["--config", "tiny", "--workdir", tmp_path / "b", "--steps", STEPS], tmp_path, "b"
-    )
+    # Same seed, fresh workdir: same fingerprint; the shared compile cache serves the step, and
+    # the peak cache the peak (MFU from step 1, no probe).
+    args = ["--config", "tiny", "--workdir", tmp_path / "b", "--steps", STEPS]
+    b = run_ok(spawn, args, tmp_path, "b", env=peak_env)
     assert summary(tmp_path / "b")["params_fingerprint"] == s["params_fingerprint"]
     compiled = next(r for r in b.lines() if r.get("event") == "compiled")
     assert compiled["compile_cache_hit"] is True
+    first = next(r for r in b.lines() if r.get("step") == 1)
+    assert first["peak_source"].startswith("measured:jnp.dot (cached ")
+    assert first["peak_flops"] == last["peak_flops"]
+    assert not any(r.get("event") == "peak_measured" for r in b.lines())
 
     run_ok(
         spawn,

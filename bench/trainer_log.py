@@ -1,0 +1,41 @@
+"""Worker 0's trainer.log as the sampler kept it ({"t": seen, "json": line}): the events of one
+trainer process and its start-up milestones, by the trainer's own clock (its lines' `time`).
+
+A trainer from before those times falls back to when the sampler saw a line (0.2 s poll).
+"""
+
+from __future__ import annotations
+
+
+def _stamp(line: dict) -> float:
+    """A log line's own `time`, else when the sampler first saw it (a trainer without times)."""
+    return line["json"].get("time", line["t"])
+
+
+def trainer_events(lines: list[dict], t0: float, t1: float, pid: int, up: float) -> dict:
+    """The first event of each name logged by trainer process `pid` between t0 and t1: the lines
+    from its `started` on (without one: the lines seen after its first status, `up`)."""
+    window = [x for x in lines if t0 < x["t"] < t1 and "event" in x.get("json", {})]
+    mine = [
+        i
+        for i, x in enumerate(window)
+        if x["json"]["event"] == "started" and x["json"].get("pid") == pid
+    ]
+    window = window[mine[0] :] if mine else [x for x in window if x["t"] >= up]
+    return {x["json"]["event"]: x for x in reversed(window)}
+
+
+def trainer_milestones(log: dict) -> dict[str, float]:
+    """process_start, started, imported (JAX init begins), jax_initialized and setup, as present."""
+    m: dict[str, float] = {}
+    started, jax_init = log.get("started"), log.get("jax_initialized")
+    if started:
+        if started["json"].get("process_start"):
+            m["process_start"] = started["json"]["process_start"]
+        m["started"] = _stamp(started)
+    if jax_init:
+        m["imported"] = _stamp(jax_init) - jax_init["json"].get("seconds", 0.0)
+        m["jax_initialized"] = _stamp(jax_init)
+    if "setup" in log:
+        m["setup"] = _stamp(log["setup"])
+    return m
