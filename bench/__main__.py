@@ -74,7 +74,8 @@ def trainer_figs(a, console) -> list[Figure]:
             f"trainer {cfg} on CPU: tokens/s",
             r["tokens_per_s"],
             "tok/s",
-            note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s",
+            note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s, "
+            f"allocator {r.get('allocator', 'system')}",
         ),
         Figure(
             f"trainer {cfg} on CPU: model FLOP/s / jnp.dot peak",
@@ -83,7 +84,9 @@ def trainer_figs(a, console) -> list[Figure]:
             f">= {r['goal_mfu']:.2f}",
             r["mfu"] >= r["goal_mfu"],
             note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
-            f"({r['peak_source']}, same run)",
+            f"({r['peak_source']}, same run: highest of probes before / in / after the run: "
+            + " / ".join(f"{x:.3g}" for x in r.get("peak_probes", [r["peak_flops"]]))
+            + ")",
         ),
         Figure("trainer 1b on GPU: MFU", "not measured: no GPU lent to this task"),
     ]

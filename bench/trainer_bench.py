@@ -45,14 +45,31 @@ def train(config: str, steps: int, workdir: str, sets: list[str], env: dict | No
     return steps_, events, summary
 
 
+PROBE = "from trainer.peak import measure_dot_peak; print(measure_dot_peak())"
+
+
+def dot_peak() -> float:
+    """One more jnp.dot probe in a fresh process (same environment as the trainer's)."""
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def run(config: str = "small", steps: int = 15, warmup: int = 5) -> dict:
+    """The probe swings by 1.6x between moments on a shared VM (185-300 GFLOP/s seen here), so
+    the peak is the highest of three: before the run, the trainer's own, and after the run. A
+    low probe can then not flatter the ratio."""
+    before = dot_peak()
     with tempfile.TemporaryDirectory() as tmp:
         rows, events, summary = train(config, steps, tmp, ["checkpoint_every=0", "log_every=1"])
+    after = dot_peak()
     timed = [r for r in rows if r["step"] > warmup]
     step_time = statistics.median(r["step_time"] for r in timed)
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
     flops = statistics.median(r["model_flops_per_s"] for r in timed)
-    peak = timed[-1]["peak_flops"]
+    probes = [before, timed[-1]["peak_flops"], after]
+    peak = max(probes)
     return {
         "config": config,
         "params": summary["params"],
@@ -62,6 +79,7 @@ def run(config: str = "small", steps: int = 15, warmup: int = 5) -> dict:
         "model_flops_per_s": flops,
         "peak_flops": peak,
         "peak_source": timed[-1]["peak_source"],
+        "peak_probes": probes,
         "allocator": events["setup"].get("allocator", "system"),
         "mfu": flops / peak,
         "goal_mfu": 0.60,

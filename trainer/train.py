@@ -142,10 +142,12 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
             preempted = preemption.reached(step, checkpoints)
             if preempted or checkpoints.should_save(step):
                 hb.update(state=TrainerState.SAVING, step=step)
+                t_save = time.perf_counter()
                 checkpoints.save(step, state, data_iter)
+                if preempted:  # stays SAVING until the commit: ops sees why it is not stepping
+                    log.event("preemption_save_started", step=step)
+                    break
                 hb.update(state=TrainerState.TRAINING, last_checkpoint=checkpoints.committed)
-            if preempted:
-                break
         if pending is not None:
             report(*pending)
     loop_s = time.perf_counter() - t_loop
@@ -153,8 +155,11 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
     # 5. Preempted: wait for the commit, then exit 75 so the supervisor restarts us.
     if preempted:
         committed = checkpoints.wait()
+        save_s = round(time.perf_counter() - t_save, 3)
         checkpoints.close()
-        log.event("preempted", step=step, committed=committed, loop_s=round(loop_s, 3))
+        log.event(
+            "preempted", step=step, committed=committed, save_s=save_s, loop_s=round(loop_s, 3)
+        )
         hb.update(
             state=TrainerState.PREEMPTED,
             step=step,
