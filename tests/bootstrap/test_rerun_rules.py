@@ -7,6 +7,7 @@ One worker of the bare slice, with a bundle whose `trainer` package is a small s
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 from infra.bundle_archive import build_bundle
@@ -59,8 +60,20 @@ def test_unchanged_reruns_keep_the_trainer_changed_args_restart_it(single, stage
     assert first.returncode == 0, first.output
     pid = wait_pid(single)
 
-    # Two re-runs at once: one waits for the other; neither starts a second trainer.
-    again = single.boot([0, 0])
+    # Two re-runs at once: one waits for the other; neither starts a second trainer. A third
+    # holder keeps the lock for a moment, so both re-runs meet it whatever their timing (an
+    # unchanged re-run can finish before the second one even starts).
+    lock = single.root(0) / ".bootstrap" / "lock"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "2"])
+    deadline = time.monotonic() + 10
+    while subprocess.run(["flock", "-n", str(lock), "true"]).returncode == 0:
+        assert time.monotonic() < deadline, "the lock holder never took the lock"
+        time.sleep(0.05)
+    try:
+        again = single.boot([0, 0])
+    finally:
+        holder.kill()
+        holder.wait()
     assert [r.returncode for r in again] == [0, 0], again
     assert any("another bootstrap is running" in r.output for r in again)
     assert all("trainer already running" in r.output for r in again)
