@@ -69,13 +69,14 @@ def trainer_figs(a, console) -> list[Figure]:
     r = trainer_bench.run(a.trainer_config, a.trainer_steps)
     save("trainer", r)
     cfg = r["config"]
+    probes = " / ".join(f"{x:.3g}" for x in r["peak_probes"])
     return [
         Figure(
             f"trainer {cfg} on CPU: tokens/s",
             r["tokens_per_s"],
             "tok/s",
             note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s, "
-            f"allocator {r.get('allocator', 'system')}",
+            f"allocator {r['allocator']}",
         ),
         Figure(
             f"trainer {cfg} on CPU: model FLOP/s / jnp.dot peak",
@@ -85,11 +86,25 @@ def trainer_figs(a, console) -> list[Figure]:
             r["mfu"] >= r["goal_mfu"],
             note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
             f"({r['peak_source']}, same run: highest of probes before / in / after the run: "
-            + " / ".join(f"{x:.3g}" for x in r.get("peak_probes", [r["peak_flops"]]))
-            + ")",
+            f"{probes})",
         ),
+        allocator_fig(cfg, r),
         Figure("trainer 1b on GPU: MFU", "not measured: no GPU lent to this task"),
     ]
+
+
+def allocator_fig(cfg: str, r: dict) -> Figure:
+    name = f"trainer {cfg} on CPU: step time, tcmalloc vs system allocator"
+    sysa = r["system_allocator"]
+    if sysa is None:
+        return Figure(name, "not measured: tcmalloc not installed (libtcmalloc-minimal4)")
+    return Figure(
+        name,
+        f"{r['step_time_s']:.2f} vs {sysa['step_time_s']:.2f} s",
+        note=f"whole trainer run (imports, compile, probe, {r['steps']} steps): minor page faults "
+        f"{r['minor_faults']:,} vs {sysa['minor_faults']:,}, kernel share of CPU time "
+        f"{r['kernel_cpu_share']:.0%} vs {sysa['kernel_cpu_share']:.0%}",
+    )
 
 
 def checkpoint_figs(a, console) -> list[Figure]:

@@ -56,8 +56,8 @@ def run(config: str = "small", steps: int = 30, every: int = 10) -> dict:
             "sync": [f"checkpoint_every={every}", "checkpoint_async=false"],
         }
         for name, sets in variants.items():
-            _, _, summary = train(config, steps, str(Path(tmp) / name), [*sets, "keep_latest=10"])
-            loops[name] = summary["train_loop_s"]
+            t = train(config, steps, str(Path(tmp) / name), [*sets, "keep_latest=10"])
+            loops[name] = t.summary["train_loop_s"]
         term = sigterm_exit_seconds(config, steps, str(Path(tmp) / "term"))
     return {
         "config": config,

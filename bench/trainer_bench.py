@@ -1,5 +1,6 @@
 """Trainer throughput on this machine: tokens/s and model FLOP/s over the jnp.dot peak measured
-in the same run (MFU; goal >= 0.60 for `small` on CPU).
+in the same run (MFU; goal >= 0.60 for `small` on CPU), and what tcmalloc changes (the same run
+under the system allocator: step time, page faults, kernel CPU).
 
     uv run python -m bench.trainer_bench [--config small] [--steps 15]
 """
@@ -9,28 +10,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+class TrainRun(NamedTuple):
+    rows: list[dict]  # metric lines
+    events: dict[str, dict]  # the last event of each name
+    summary: dict
+    minor_faults: int  # of the trainer process (getrusage of the reaped child)
+    user_s: float
+    sys_s: float
+
+
+def _env(extra: dict | None = None) -> dict:
+    return {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), **(extra or {})}
+
+
 def train(config: str, steps: int, workdir: str, sets: list[str], env: dict | None = None):
-    """Runs `python -m trainer` to completion; returns (metric lines, events, summary)."""
+    """Runs `python -m trainer` to completion (a fresh peak probe, never a cached one)."""
     cmd = [sys.executable, "-m", "trainer", "--config", config, "--steps", str(steps),
            "--workdir", workdir, "--compile-cache", os.path.join(workdir, "cc")]  # fmt: skip
     for s in sets:
         cmd += ["--set", s]
-    full_env = {
-        **os.environ,
-        "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
-        "TPUPOD_FRESH_PEAK": "1",  # the peak is measured in this very run, never reused
-        **(env or {}),
-    }
-    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env({"TPUPOD_FRESH_PEAK": "1", **(env or {})}),
+                          capture_output=True, text=True)  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"trainer exited {proc.returncode}: {proc.stderr[-2000:]}")
     lines = []
@@ -39,10 +52,14 @@ def train(config: str, steps: int, workdir: str, sets: list[str], env: dict | No
             lines.append(json.loads(line))
         except ValueError:
             continue
-    steps_ = [r for r in lines if "step" in r and "event" not in r]
-    events = {r["event"]: r for r in lines if "event" in r}
-    summary = json.loads((Path(workdir) / "summary.json").read_text())
-    return steps_, events, summary
+    return TrainRun(
+        [r for r in lines if "step" in r and "event" not in r],
+        {r["event"]: r for r in lines if "event" in r},
+        json.loads((Path(workdir) / "summary.json").read_text()),
+        after.ru_minflt - before.ru_minflt,
+        after.ru_utime - before.ru_utime,
+        after.ru_stime - before.ru_stime,
+    )
 
 
 PROBE = "from trainer.peak import measure_dot_peak; print(measure_dot_peak())"
@@ -50,39 +67,56 @@ PROBE = "from trainer.peak import measure_dot_peak; print(measure_dot_peak())"
 
 def dot_peak() -> float:
     """One more jnp.dot probe in a fresh process (same environment as the trainer's)."""
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, check=True)  # fmt: skip
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def _timed(config: str, steps: int, warmup: int, env: dict | None = None):
+    """One benchmark run: (TrainRun, its metric lines past the warm-up)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = train(config, steps, tmp, ["checkpoint_every=0", "log_every=1"], env)
+    return t, [r for r in t.rows if r["step"] > warmup]
+
+
+def _usage(t: TrainRun, timed: list[dict]) -> dict:
+    return {
+        "allocator": t.events["started"]["allocator"],
+        "step_time_s": statistics.median(r["step_time"] for r in timed),
+        "minor_faults": t.minor_faults,
+        "kernel_cpu_share": t.sys_s / (t.user_s + t.sys_s),
+    }
 
 
 def run(config: str = "small", steps: int = 15, warmup: int = 5) -> dict:
     """The probe swings by 1.6x between moments on a shared VM (185-300 GFLOP/s seen here), so
     the peak is the highest of three: before the run, the trainer's own, and after the run. A
-    low probe can then not flatter the ratio."""
+    low probe can then not flatter the ratio. Where tcmalloc is in use, the same run follows
+    under the system allocator, for comparison."""
     before = dot_peak()
-    with tempfile.TemporaryDirectory() as tmp:
-        rows, events, summary = train(config, steps, tmp, ["checkpoint_every=0", "log_every=1"])
+    t, timed = _timed(config, steps, warmup)
     after = dot_peak()
-    timed = [r for r in rows if r["step"] > warmup]
-    step_time = statistics.median(r["step_time"] for r in timed)
-    tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
     flops = statistics.median(r["model_flops_per_s"] for r in timed)
     probes = [before, timed[-1]["peak_flops"], after]
     peak = max(probes)
+    usage = _usage(t, timed)
+    system = None
+    if usage["allocator"] == "tcmalloc":
+        system = _usage(*_timed(config, steps, warmup, {"TPUPOD_ALLOCATOR": "system"}))
     return {
         "config": config,
-        "params": summary["params"],
+        "params": t.summary["params"],
+        "steps": steps,
         "steps_timed": len(timed),
-        "step_time_s": step_time,
-        "tokens_per_s": tokens_per_s,
+        **usage,
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
         "model_flops_per_s": flops,
         "peak_flops": peak,
         "peak_source": timed[-1]["peak_source"],
         "peak_probes": probes,
-        "allocator": events["setup"].get("allocator", "system"),
         "mfu": flops / peak,
         "goal_mfu": 0.60,
+        "system_allocator": system,
     }
 
 

@@ -10,11 +10,7 @@ import pytest
 
 @pytest.fixture(autouse=True, scope="session")
 def _session_cache_dir(tmp_path_factory):
-    if "TPUPOD_CACHE_DIR" in os.environ:
+    with pytest.MonkeyPatch.context() as mp:
+        if "TPUPOD_CACHE_DIR" not in os.environ:
+            mp.setenv("TPUPOD_CACHE_DIR", str(tmp_path_factory.mktemp("tpupod-cache")))
         yield
-        return
-    os.environ["TPUPOD_CACHE_DIR"] = str(tmp_path_factory.mktemp("tpupod-cache"))
-    try:
-        yield
-    finally:
-        os.environ.pop("TPUPOD_CACHE_DIR", None)

@@ -1,14 +1,15 @@
 """Runs the trainer under tcmalloc where the machine has it (CPU speed).
 
 XLA:CPU allocates a step's temporaries afresh on every execution. glibc returns large freed blocks
-to the kernel, so each step pays again for page faults and for zeroing fresh pages: about a fifth
-of the CPU time of the `small` preset, measured with `perf`. tcmalloc keeps freed memory for reuse
+to the kernel, so each step pays again for page faults and for zeroing fresh pages (`uv run python
+-m bench trainer` compares both allocators on `small`). tcmalloc keeps freed memory for reuse
 (MaxText preloads it on TPU hosts for the same reason). The library must be loaded before the
 process starts, so `python -m trainer` re-execs itself once with LD_PRELOAD set: the pid stays the
 same, so supervisors that track it are unaffected.
 
     TPUPOD_ALLOCATOR=auto     (default) tcmalloc when one of CANDIDATES exists, else the system's
     TPUPOD_ALLOCATOR=system   never re-exec
+    TPUPOD_TCMALLOC=PATH      the library, where a distribution keeps it elsewhere
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 ENV = "TPUPOD_ALLOCATOR"
+LIB_ENV = "TPUPOD_TCMALLOC"
 # Debian/Ubuntu packages libtcmalloc-minimal4 and libgoogle-perftools4, for x86-64 and arm64.
 CANDIDATES = tuple(
     f"/usr/lib/{arch}-linux-gnu/{lib}"
@@ -26,15 +28,22 @@ CANDIDATES = tuple(
 )
 
 
+def _preloaded(environ) -> bool:
+    """Already under tcmalloc: the re-exec'd process, or a user's own LD_PRELOAD."""
+    return "tcmalloc" in environ.get("LD_PRELOAD", "")
+
+
 def preload_env(environ: dict, candidates=CANDIDATES) -> dict | None:
     """The environment to re-exec with, or None to keep this process as it is."""
     choice = environ.get(ENV, "auto")
-    if choice == "system" or "tcmalloc" in environ.get("LD_PRELOAD", ""):
+    if choice == "system" or _preloaded(environ):
         return None
     if choice != "auto":
         print(f"{ENV}={choice!r} is not one of auto, system; using the system allocator",
               file=sys.stderr)  # fmt: skip
         return None
+    if environ.get(LIB_ENV):
+        candidates = (environ[LIB_ENV],)
     lib = next((c for c in candidates if Path(c).is_file()), None)
     if lib is None:
         return None
@@ -43,8 +52,8 @@ def preload_env(environ: dict, candidates=CANDIDATES) -> dict | None:
 
 
 def name() -> str:
-    """The allocator this process runs with, for the setup log line."""
-    return "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "system"
+    """The allocator this process runs with, for the `started` log line."""
+    return "tcmalloc" if _preloaded(os.environ) else "system"
 
 
 def reexec_with_tcmalloc(argv: list[str]) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 import traceback
 
-from trainer import events
+from trainer import allocator, events
 
 ENV = {
     "workdir": "TPUPOD_WORKDIR",
@@ -129,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     first = not args.process_id  # process 0 (or the only one): the one that writes stdout
     if first:
-        events.event("started", process_start=events.process_start_time(), pid=os.getpid())
+        events.event(
+            "started",
+            process_start=events.process_start_time(),
+            pid=os.getpid(),
+            allocator=allocator.name(),
+        )
     # Cheap checks first, before the heavy imports: bad input fails in well under a second.
     from trainer.config import BadInput, load_config
     from trainer.status import EXIT_BAD_INPUT, EXIT_FAILED, StatusFile, TrainerState

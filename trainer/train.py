@@ -10,7 +10,7 @@ import time
 
 import jax
 
-from trainer import allocator, data, storage
+from trainer import data, storage
 from trainer.checkpoint import Checkpoints, Preemption
 from trainer.config import Config
 from trainer.metrics import Heartbeat, MetricsLog
@@ -53,7 +53,6 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
         mesh=dict(mesh.shape),
         data=source,
         data_tokens=int(len(tokens)),
-        allocator=allocator.name(),
         config=cfg.__dict__,
     )
 
