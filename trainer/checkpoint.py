@@ -49,6 +49,9 @@ class Checkpoints:
             save_decision_policy=save_policy(cfg),
             preservation_policy=preservation_policy(cfg),
             enable_async_checkpointing=cfg.checkpoint_async,
+            # Old steps are deleted on a thread of their own, after the new step has committed:
+            # a save (a preemption save above all) never waits for hundreds of object deletes.
+            enable_background_delete=True,
             cleanup_tmp_directories=True,
             create=True,
         )
@@ -121,6 +124,8 @@ class Checkpoints:
         return self.poll()
 
     def close(self) -> None:
+        """Joins the deleter of old steps. Call it after reporting the commit: if the deadline
+        kills us here, a pruned step is left half deleted, never the newest one."""
         self.manager.close()
 
 

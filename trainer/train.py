@@ -155,7 +155,6 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
     if preempted:
         committed = checkpoints.wait()
         save_s = round(time.perf_counter() - t_save, 3)
-        checkpoints.close()
         log.event(
             "preempted", step=step, committed=committed, save_s=save_s, loop_s=round(loop_s, 3)
         )
@@ -166,6 +165,7 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
             exit_code=EXIT_PREEMPTED,
             message=f"preempted at step {step}, checkpoint committed",
         )
+        checkpoints.close()  # after the report: the commit is what the notice is for
         log.close()
         return EXIT_PREEMPTED
 

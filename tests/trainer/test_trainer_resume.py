@@ -84,3 +84,13 @@ def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
     assert "model shapes" in bad.stderr.strip().splitlines()[-1]
     assert "Traceback" not in bad.stderr
     assert sorted(p.name for p in ckpt.iterdir()) == listing
+
+
+def test_retention_keeps_the_latest_and_every_mth_step(spawn, tmp_path):
+    """Old steps are pruned on a background thread; by the exit only the kept ones are left."""
+    wd = tmp_path / "keep"
+    sets = ["checkpoint_every=2", "keep_latest=2", "keep_every=4"]
+    args = ["--config", "tiny", "--steps", 12, "--workdir", wd]
+    run_ok(spawn, [*args, *(x for s in sets for x in ("--set", s))], tmp_path, "keep")
+    assert _committed(wd / "checkpoints") == [4, 8, 10, 12]
+    assert not _temporary(wd / "checkpoints")
