@@ -62,7 +62,7 @@ PRESETS: dict[str, dict] = {
     "small": dict(
         d_model=512,
         n_layers=8,
-        n_heads=8,
+        n_heads=4,  # head_dim 128, as in `1b`: half the attention scores of 8 x 64 on CPU
         d_ff=1536,
         seq_len=256,
         batch_size=16,
