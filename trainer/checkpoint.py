@@ -19,6 +19,7 @@ from orbax.checkpoint import checkpoint_managers as cm
 
 from trainer import storage
 from trainer.config import BadInput, Config, shape_signature
+from trainer.model import PARAM_LAYOUT
 
 
 def save_policy(cfg: Config):
@@ -44,7 +45,11 @@ def preservation_policy(cfg: Config):
 class Checkpoints:
     def __init__(self, workdir: str, cfg: Config, process_count: int):
         self.directory = storage.join(workdir, "checkpoints")
-        self.meta = {"process_count": process_count, "shapes": shape_signature(cfg)}
+        self.meta = {
+            "process_count": process_count,
+            "shapes": shape_signature(cfg),
+            "param_layout": PARAM_LAYOUT,
+        }
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=save_policy(cfg),
             preservation_policy=preservation_policy(cfg),
@@ -78,6 +83,13 @@ class Checkpoints:
                 f"checkpoint step {step} in {self.directory} was written by "
                 f"{meta.get('process_count')} processes, this run has "
                 f"{self.meta['process_count']} (the data iterator state needs the same count)"
+            )
+        layout = meta.get("param_layout", 1)  # checkpoints before layout 2 did not record it
+        if layout != PARAM_LAYOUT:
+            raise BadInput(
+                f"checkpoint step {step} in {self.directory} has parameter layout {layout}, this "
+                f"trainer reads layout {PARAM_LAYOUT} (see trainer/model.py PARAM_LAYOUT): use a "
+                "new --workdir, or resume with the tpupod version that wrote it"
             )
         if meta.get("shapes") != self.meta["shapes"]:
             raise BadInput(

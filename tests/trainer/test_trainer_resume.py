@@ -94,3 +94,25 @@ def test_retention_keeps_the_latest_and_every_mth_step(spawn, tmp_path):
     run_ok(spawn, [*args, *(x for s in sets for x in ("--set", s))], tmp_path, "keep")
     assert _committed(wd / "checkpoints") == [4, 8, 10, 12]
     assert not _temporary(wd / "checkpoints")
+
+
+def test_a_checkpoint_of_an_older_parameter_layout_is_refused_in_one_line(spawn, tmp_path):
+    """Checkpoints written before PARAM_LAYOUT existed hold `gate`/`up`, not `wi`: refusing them
+    up front beats an Orbax tree-mismatch traceback."""
+    import json
+
+    wd = tmp_path / "old"
+    args = ["--config", "tiny", "--steps", 6, "--workdir", wd]
+    run_ok(spawn, args, tmp_path, "write")
+    ckpt = wd / "checkpoints"
+    meta = ckpt / "6" / "meta" / "metadata"
+    doc = json.loads(meta.read_text())
+    del doc["param_layout"]  # as an older trainer wrote it
+    meta.write_text(json.dumps(doc))
+    listing = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*"))
+    bad = spawn([*args[:-3], 10, "--workdir", wd], tmp_path, "resume")
+    assert bad.wait() == 2
+    last = bad.stderr.strip().splitlines()[-1]
+    assert "parameter layout 1" in last and "new --workdir" in last
+    assert "Traceback" not in bad.stderr
+    assert sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*")) == listing
