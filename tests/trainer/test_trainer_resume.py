@@ -3,6 +3,7 @@ from the last committed step) both end bitwise identical to an uninterrupted run
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -99,8 +100,6 @@ def test_retention_keeps_the_latest_and_every_mth_step(spawn, tmp_path):
 def test_a_checkpoint_of_an_older_parameter_layout_is_refused_in_one_line(spawn, tmp_path):
     """Checkpoints written before PARAM_LAYOUT existed hold `gate`/`up`, not `wi`: refusing them
     up front beats an Orbax tree-mismatch traceback."""
-    import json
-
     wd = tmp_path / "old"
     args = ["--config", "tiny", "--steps", 6, "--workdir", wd]
     run_ok(spawn, args, tmp_path, "write")
