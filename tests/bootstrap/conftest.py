@@ -116,14 +116,17 @@ class Slice:
     def boot(self, indices: list[int] | None = None, **extra_env: str) -> list[BootResult]:
         """Run each worker's startup-script (from its metadata) at once; wait for all."""
         indices = list(range(len(self.addresses))) if indices is None else indices
-        started = []
-        for i in indices:
+        # Every script is written before any starts: bash reads its script as it runs, so
+        # rewriting it for a second run of the same worker would truncate the first one's.
+        for i in set(indices):
             self.root(i).mkdir(parents=True, exist_ok=True)
             (self.tmp / f"home-{i}").mkdir(exist_ok=True)
             script = self.tmp / f"startup-{i}.sh"
             script.write_text(self.attributes[i].get(metadata.STARTUP_SCRIPT, ""))
+        started = []
+        for i in indices:
             proc = subprocess.Popen(
-                ["bash", str(script)],
+                ["bash", str(self.tmp / f"startup-{i}.sh")],
                 env={**self.env(i), **extra_env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

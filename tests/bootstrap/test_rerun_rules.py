@@ -75,8 +75,9 @@ def test_unchanged_reruns_keep_the_trainer_changed_args_restart_it(single, stage
         holder.kill()
         holder.wait()
     assert [r.returncode for r in again] == [0, 0], again
-    assert any("another bootstrap is running" in r.output for r in again)
-    assert all("trainer already running" in r.output for r in again)
+    outputs = "\n---\n".join(r.output for r in again)
+    assert "another bootstrap is running" in outputs, outputs
+    assert all("trainer already running" in r.output for r in again), outputs
     assert wait_pid(single) == pid
 
     single.publish(bundle, tpupod_trainer_args="--config tiny --steps 7")
