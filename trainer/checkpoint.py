@@ -3,7 +3,7 @@ preemption.
 
 One checkpoint is a Composite: `state` (params, optimizer state, step, RNG; restored straight
 into the target shardings), `data` (one grain iterator state file per process) and `meta` (process
-count, parameter shapes). Orbax writes each step into a temporary directory and renames it only
+count, the config fields that fix parameter shapes). Orbax writes each step into a temporary directory and renames it only
 once every process has finished, so a step cut off mid-write is never listed, never restored.
 """
 
@@ -14,12 +14,12 @@ import signal
 import threading
 
 import grain
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from trainer import storage
 from trainer.config import BadInput, Config, shape_signature
-from trainer.model import PARAM_LAYOUT
 
 
 def save_policy(cfg: Config):
@@ -45,11 +45,7 @@ def preservation_policy(cfg: Config):
 class Checkpoints:
     def __init__(self, workdir: str, cfg: Config, process_count: int):
         self.directory = storage.join(workdir, "checkpoints")
-        self.meta = {
-            "process_count": process_count,
-            "shapes": shape_signature(cfg),
-            "param_layout": PARAM_LAYOUT,
-        }
+        self.meta = {"process_count": process_count, "shapes": shape_signature(cfg)}
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=save_policy(cfg),
             preservation_policy=preservation_policy(cfg),
@@ -74,28 +70,29 @@ class Checkpoints:
         self.committed: int | None = self.manager.latest_step()
         self._pending: int | None = None
 
-    def check_compatible(self, step: int) -> None:
-        """Refuses, as bad input and before touching anything, a checkpoint this run can't use."""
+    def check_compatible(self, step: int, abstract_state) -> None:
+        """Refuses, as bad input and before touching anything, a checkpoint this run can't use:
+        another process count, other config shapes, or a state tree of other leaves or shapes
+        (a trainer version that names or lays out parameters differently)."""
         restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         meta = restored["meta"]
+        where = f"checkpoint step {step} in {self.directory}"
         if meta.get("process_count") != self.meta["process_count"]:
             raise BadInput(
-                f"checkpoint step {step} in {self.directory} was written by "
-                f"{meta.get('process_count')} processes, this run has "
+                f"{where} was written by {meta.get('process_count')} processes, this run has "
                 f"{self.meta['process_count']} (the data iterator state needs the same count)"
-            )
-        layout = meta.get("param_layout", 1)  # checkpoints before layout 2 did not record it
-        if layout != PARAM_LAYOUT:
-            raise BadInput(
-                f"checkpoint step {step} in {self.directory} has parameter layout {layout}, this "
-                f"trainer reads layout {PARAM_LAYOUT} (see trainer/model.py PARAM_LAYOUT): use a "
-                "new --workdir, or resume with the tpupod version that wrote it"
             )
         if meta.get("shapes") != self.meta["shapes"]:
             raise BadInput(
-                f"checkpoint step {step} in {self.directory} has model shapes {meta.get('shapes')}, "
-                f"this config has {self.meta['shapes']}"
+                f"{where} has model shapes {meta.get('shapes')}, this config has "
+                f"{self.meta['shapes']}"
             )
+        stored = leaf_shapes(self.manager.item_metadata(step)["state"])
+        expected = leaf_shapes(abstract_state)
+        if stored != expected:
+            raise BadInput(f"{where} {tree_difference(stored, expected)}: it was written by "
+                           "another trainer version; use a new --workdir, or resume with the "
+                           "tpupod version that wrote it")  # fmt: skip
 
     def restore(self, step: int, abstract_state, data_iter):
         """Restores state into the shardings carried by `abstract_state`, and the iterator."""
@@ -139,6 +136,35 @@ class Checkpoints:
         """Joins the deleter of old steps. Call it after reporting the commit: if the deadline
         kills us here, a pruned step is left half deleted, never the newest one."""
         self.manager.close()
+
+
+def leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
+    """Leaf path ("params/block_0/wi/kernel") -> shape, for a state or Orbax's metadata of one."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+        for path, leaf in leaves
+    }
+
+
+def tree_difference(stored: dict, expected: dict, show: int = 2) -> str:
+    """What differs, briefly: leaves only the checkpoint has, leaves it lacks, other shapes."""
+
+    def some(keys, describe) -> str:
+        keys = sorted(keys, key=lambda k: (not k.startswith("params/"), k))  # params first
+        more = f" and {len(keys) - show} more" if len(keys) > show else ""
+        return ", ".join(describe(k) for k in keys[:show]) + more
+
+    parts = []
+    if extra := stored.keys() - expected.keys():
+        parts.append(f"has {some(extra, str)} that this model lacks")
+    if missing := expected.keys() - stored.keys():
+        parts.append(f"lacks {some(missing, str)}")
+    if reshaped := {k for k in stored.keys() & expected.keys() if stored[k] != expected[k]}:
+        parts.append(
+            "has " + some(reshaped, lambda k: f"{k} {list(stored[k])} (model: {list(expected[k])})")
+        )
+    return "; ".join(parts)
 
 
 class Preemption:

@@ -14,10 +14,6 @@ from trainer.config import Config
 
 Dtype = jnp.dtype
 
-# Bumped whenever parameter names or shapes change for the same config, so that an older
-# checkpoint is refused as bad input instead of failing inside Orbax. 2: gate + up fused as `wi`.
-PARAM_LAYOUT = 2
-
 
 def _dense(features: int, axes: tuple[str, str], dtype: Dtype, std: float, name: str) -> nn.Dense:
     init = nn.with_logical_partitioning(nn.initializers.normal(std), axes)

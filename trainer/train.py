@@ -60,7 +60,7 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
     checkpoints = Checkpoints(workdir, cfg, jax.process_count())
     restored_from = checkpoints.committed
     if restored_from is not None:
-        checkpoints.check_compatible(restored_from)
+        checkpoints.check_compatible(restored_from, setup.abstract_state)
         state, data_iter = checkpoints.restore(restored_from, setup.abstract_state, data_iter)
         log.event("restored", step=restored_from, directory=checkpoints.directory)
     else:

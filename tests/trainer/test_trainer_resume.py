@@ -3,13 +3,14 @@ from the last committed step) both end bitwise identical to an uninterrupted run
 
 from __future__ import annotations
 
-import json
 import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from trainer_testlib import run_ok, summary
+from trainer_testlib import REPO, run_ok, summary, trainer_env
 
 from trainer.status import read_status
 
@@ -97,21 +98,34 @@ def test_retention_keeps_the_latest_and_every_mth_step(spawn, tmp_path):
     assert not _temporary(wd / "checkpoints")
 
 
-def test_a_checkpoint_of_an_older_parameter_layout_is_refused_in_one_line(spawn, tmp_path):
-    """Checkpoints written before PARAM_LAYOUT existed hold `gate`/`up`, not `wi`: refusing them
-    up front beats an Orbax tree-mismatch traceback."""
-    wd = tmp_path / "old"
-    args = ["--config", "tiny", "--steps", 6, "--workdir", wd]
-    run_ok(spawn, args, tmp_path, "write")
+# Another trainer version: the same config, but the MLP input kernel is named `gate_up`.
+OTHER_VERSION = """
+import sys
+import trainer.model as model
+from trainer.cli import main
+dense = model._dense
+model._dense = lambda *a: dense(*a[:-1], {"wi": "gate_up"}.get(a[-1], a[-1]))
+sys.exit(main())
+"""
+
+
+def test_a_checkpoint_of_another_parameter_tree_is_refused_in_one_line(spawn, tmp_path):
+    """The config shapes match, the parameter names do not: refused before Orbax sees it (whose
+    tree-mismatch error would be a traceback), with the checkpoint left as it was."""
+    wd = tmp_path / "other"
+    args = ["--config", "tiny", "--steps", "6", "--workdir", str(wd)]
+    env = trainer_env(1, {"TPUPOD_ALLOCATOR": "system"})
+    old = subprocess.run([sys.executable, "-c", OTHER_VERSION, *args], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert old.returncode == 0, old.stderr[-3000:]
     ckpt = wd / "checkpoints"
-    meta = ckpt / "6" / "meta" / "metadata"
-    doc = json.loads(meta.read_text())
-    del doc["param_layout"]  # as an older trainer wrote it
-    meta.write_text(json.dumps(doc))
+    assert _committed(ckpt) == [5, 6]
     listing = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*"))
     bad = spawn([*args[:-3], 10, "--workdir", wd], tmp_path, "resume")
     assert bad.wait() == 2
     last = bad.stderr.strip().splitlines()[-1]
-    assert "parameter layout 1" in last and "new --workdir" in last
+    assert "checkpoint step 6" in last, last
+    assert "has params/block_0/gate_up/kernel" in last and "lacks params/block_0/wi/kernel" in last
+    assert "another trainer version" in last and "new --workdir" in last
     assert "Traceback" not in bad.stderr
     assert sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*")) == listing
