@@ -130,7 +130,7 @@ def checkpoint_figs(a, console) -> list[Figure]:
             note=f"loop wall time over none: {loops}",
         ),
         Figure(
-            "SIGTERM -> committed exit (small)",
+            f"SIGTERM -> committed exit ({r['config']})",
             r["sigterm_to_exit_s"],
             "s",
             note=f"exit code {r['sigterm_exit_code']} at step {r['sigterm_step']}",
