@@ -3,8 +3,9 @@ preemption.
 
 One checkpoint is a Composite: `state` (params, optimizer state, step, RNG; restored straight
 into the target shardings), `data` (one grain iterator state file per process) and `meta` (process
-count, the config fields that fix parameter shapes). Orbax writes each step into a temporary directory and renames it only
-once every process has finished, so a step cut off mid-write is never listed, never restored.
+count, the config fields that fix parameter shapes). Orbax writes each step into a temporary
+directory and renames it only once every process has finished, so a step cut off mid-write is
+never listed, never restored.
 """
 
 from __future__ import annotations

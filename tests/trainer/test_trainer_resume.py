@@ -114,9 +114,8 @@ def test_a_checkpoint_of_another_parameter_tree_is_refused_in_one_line(spawn, tm
     tree-mismatch error would be a traceback), with the checkpoint left as it was."""
     wd = tmp_path / "other"
     args = ["--config", "tiny", "--steps", "6", "--workdir", str(wd)]
-    env = trainer_env(1, {"TPUPOD_ALLOCATOR": "system"})
-    old = subprocess.run([sys.executable, "-c", OTHER_VERSION, *args], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    old = subprocess.run([sys.executable, "-c", OTHER_VERSION, *args], cwd=REPO,
+                         env=trainer_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert old.returncode == 0, old.stderr[-3000:]
     ckpt = wd / "checkpoints"
     assert _committed(ckpt) == [5, 6]
