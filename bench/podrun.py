@@ -27,7 +27,12 @@ def watch_config(notice: float, hang: float = 30.0) -> WatchConfig:
     """Short deadlines for one machine; poll 0.5 s like the demo."""
     limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=notice + 15)
     return WatchConfig(
-        limits=limits, poll=0.5, max_failures=5, ready_deadline=300.0, backoff_base=1.0
+        limits=limits,
+        poll=0.5,
+        max_failures=5,
+        ready_deadline=300.0,
+        backoff_base=1.0,
+        capacity_backoff=1.0,
     )
 
 
@@ -47,6 +52,7 @@ class RunRecord:
     summary: dict | None = None  # the job's summary.json
     reference: dict | None = None  # the uninterrupted run's summary.json
     reference_wall_s: float | None = None
+    references: dict = field(default_factory=dict)  # other references: name -> summary, wall
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -72,8 +78,7 @@ def run_on_pod(
     """Runs the job under watch with a `bench.faults.Schedule(**schedule_kwargs)`; the pod is
     always torn down, whatever happens."""
     from localpod.pod import LocalPod
-    from ops.demo import read_object
-    from ops.providers.local import LocalProvider
+    from ops.demo import pod_provider, read_object
 
     console = console or Console()
     pod = LocalPod(pod_dir, workers=workers, trainer_args=trainer_args)
@@ -89,7 +94,8 @@ def run_on_pod(
         journal = Journal(journal_file, console)
         sampler.start()
         schedule = Schedule(pod, notice=notice, **schedule_kwargs)
-        watcher = Watcher(LocalProvider(pod), journal, watch_config(notice), on_poll=schedule)
+        provider = pod_provider(pod.paths.root)
+        watcher = Watcher(provider, journal, watch_config(notice), on_poll=schedule)
         try:
             code = watcher.run()
             outcome = "done" if code == 0 else f"watch exited {code}"
@@ -98,7 +104,7 @@ def run_on_pod(
             outcome = "stopped"
         finished = time.time()
         summary = (
-            read_object(pod.describe(), f"{RUN_PREFIX}/summary.json") if code_ok(outcome) else None
+            read_object(pod.paths.root, f"{RUN_PREFIX}/summary.json") if code_ok(outcome) else None
         )
         record = RunRecord(
             trainer_args,
@@ -114,6 +120,8 @@ def run_on_pod(
             record.reference, record.reference_wall_s = run_reference(
                 pod, reference_timeout, console
             )
+            none, none_wall = run_reference(pod, reference_timeout, console, "reference-none")
+            record.references = {"reference-none": {"summary": none, "wall_s": none_wall}}
         sampler.stop()
         record.events = list(journal.events)
         record.sampled = sampler.record()
@@ -138,24 +146,40 @@ def code_ok(outcome: str) -> bool:
     return outcome == "done"
 
 
-def run_reference(pod, timeout: float, console: Console) -> tuple[dict | None, float]:
-    """The demo's uninterrupted reference (same trainer.env, fresh workdir), with our timeout."""
-    from ops.demo import REFERENCE_COMMAND, REFERENCE_PREFIX, read_object
-    from ops.providers.local import LocalProvider
-    from ops.workers import WorkerGroup
+# Uninterrupted references: the job's own trainer.env, a fresh workdir, its own status file.
+# "reference" keeps the job's checkpoint policy (the goodput headline's yardstick);
+# "reference-none" saves nothing (checkpoint overhead = reference / reference-none).
+REFERENCES = {"reference": "", "reference-none": "--set checkpoint_every=0"}
+REFERENCE_SCRIPT = (
+    'R="$TPUPOD_ROOT"; cd -P "$R/current" && '
+    'while IFS=\'=\' read -r k v; do export "$k=$v"; done < "$R/trainer.env" && '
+    'export TPUPOD_WORKDIR="gs://{bucket}/runs/{name}" '
+    'TPUPOD_STATUS_FILE="$R/{name}-status.json" && '
+    'read -r -a args <<< "$TPUPOD_TRAINER_ARGS" && '
+    '.venv/bin/python -m trainer "${{args[@]}}" {extra} > "$R/{name}.log" 2>&1'
+)
 
-    info = pod.describe()
-    command = REFERENCE_COMMAND.replace("BUCKET", info.pod.get("bucket", "tpupod-local"))
-    workers = LocalProvider(pod).describe().workers
+
+def run_reference(
+    pod, timeout: float, console: Console, name: str = "reference"
+) -> tuple[dict | None, float]:
+    """One uninterrupted reference run on every worker (as root, like the trainer): its
+    summary.json (final step, fingerprint) and its wall time. A fresh pod, so a fresh workdir."""
+    from ops.demo import pod_provider, read_object
+    from ops.workers import WorkerGroup, as_root
+
+    bucket = json.loads((pod.paths.root / "endpoints.json").read_text())["bucket"]
+    script = REFERENCE_SCRIPT.format(bucket=bucket, name=name, extra=REFERENCES[name])
+    workers = pod_provider(pod.paths.root).describe().workers
     started = time.time()
     with (
-        console.status("uninterrupted reference run (same trainer.env, fresh workdir)"),
+        console.status(f"uninterrupted {name} run (same trainer.env, fresh workdir)"),
         WorkerGroup(workers, retries=0) as group,
     ):
-        outcomes = group.run(command, timeout=timeout)
+        outcomes = group.run(as_root(script), timeout=timeout)
     wall = time.time() - started
     bad = [o for o in outcomes.values() if not o.ok]
     if bad:
-        console.print(f"reference run failed on worker {bad[0].index} (exit {bad[0].exited})")
+        console.print(f"{name} run failed on worker {bad[0].index} (exit {bad[0].exited})")
         return None, wall
-    return read_object(info, f"{REFERENCE_PREFIX}/summary.json"), wall
+    return read_object(pod.paths.root, f"runs/{name}/summary.json"), wall

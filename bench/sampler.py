@@ -15,13 +15,17 @@ import threading
 import time
 from pathlib import Path
 
-STATUS_FILES = {"status.json": "job", "reference-status.json": "reference"}
+STATUS_FILES = {
+    "status.json": "job",
+    "reference-status.json": "reference",  # the same job, same checkpoint policy, no faults
+    "reference-none-status.json": "reference-none",  # ... and no checkpoints
+}
 STATUS_FIELDS = ("pid", "state", "step", "restored_from", "compile_cache_hit", "exit_code")
 
 
 def worker_root(pod_dir: Path, index: int) -> Path:
-    """$TPUPOD_ROOT of local-pod worker `index` (localpod.state.PodPaths.home + tpupod)."""
-    return Path(pod_dir) / "workers" / str(index) / "home" / "tpupod"
+    """$TPUPOD_ROOT of local-pod worker `index` (localpod.state.PodPaths.tpupod_root)."""
+    return Path(pod_dir) / "workers" / str(index) / "tpupod"
 
 
 def _read_json(path: Path) -> dict | None:

@@ -1,36 +1,38 @@
-"""`tpupod local ...` (up, down, preempt, crash, hang) and `slice_table`, the slice part of `tpupod status`.
+"""`tpupod local ...`: up, down, status, endpoints, and the faults (preempt, crash, hang, stockout).
 
-`slice_table` builds the status table from an `ops.provider.SliceInfo`, so the ops `status`
-command can reuse it for any provider.
+Errors are `PodError`s: ops.cli prints any type in `USER_ERRORS` as one line (exit 2), so this
+module depends on no ops module. `slice_table` draws a slice from its attributes alone (state,
+health, detail, workers[].index/host/port/user/key_filename), for any caller's slice type.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from localpod import tpu_client
 from localpod.pod import LocalPod
 from localpod.state import PodError
-from ops.cli import CliError
-from ops.provider import SliceInfo, SliceState
-from ops.providers.local import LocalProvider
+
+USER_ERRORS = (PodError,)
 
 _STATE_STYLE = {
-    SliceState.READY: "green",
-    SliceState.CREATING: "yellow",
-    SliceState.DELETING: "yellow",
-    SliceState.PREEMPTED: "red",
-    SliceState.TERMINATED: "red",
+    "READY": "green",
+    "CREATING": "yellow",
+    "DELETING": "yellow",
+    "PREEMPTED": "red",
+    "TERMINATED": "red",
 }
 
 
-def slice_table(info: SliceInfo, title: str = "slice") -> Table:
+def slice_table(info, title: str = "slice") -> Table:
     """Slice state and health in the title, one row per worker endpoint."""
-    style = _STATE_STYLE.get(info.state, "white")
+    style = _STATE_STYLE.get(str(info.state), "white")
     health = f", {info.health}" if info.health else ""
     detail = f" ({info.detail})" if info.detail else ""
     table = Table(title=f"{title}: [{style}]{info.state}[/{style}]{health}{detail}")
@@ -47,10 +49,10 @@ def _pod(args: argparse.Namespace, **kwargs) -> LocalPod:
 
 def _up(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.workers > 250:
-        raise CliError("--workers must be between 1 and 250")
+        raise PodError("--workers must be between 1 and 250")
     script = args.startup_script
     if script is not None and not script.is_file():
-        raise CliError(f"--startup-script {script}: no such file")
+        raise PodError(f"--startup-script {script}: no such file")
     pod = _pod(
         args,
         workers=args.workers,
@@ -60,43 +62,82 @@ def _up(args: argparse.Namespace) -> int:
     )
     console = Console()
     started = time.monotonic()
-    try:
-        with console.status("starting the local pod") as status:
-            pod.up(progress=lambda message: status.update(message))
-    except PodError as err:
-        raise CliError(str(err)) from None
-    console.print(slice_table(LocalProvider(pod).describe(), title=f"local pod ({pod.paths.root})"))
+    with console.status("starting the local pod") as status:
+        info = pod.up(progress=lambda message: status.update(message))
+    console.print(slice_table(info, title=f"local pod ({pod.paths.root})"))
     console.print(
         f"up in {time.monotonic() - started:.1f} s; workers are booting (startup-script)."
     )
     console.print(
         f"boot logs: {pod.paths.root}/workers/<i>/startup-script.log; next: tpupod status, "
-        "tpupod local preempt|crash|hang, tpupod local down"
+        "tpupod local endpoints, tpupod local preempt|crash|hang, tpupod local down"
     )
-    return 0
-
-
-def _call(args: argparse.Namespace, action) -> int:
-    try:
-        result = action(_pod(args))
-    except PodError as err:
-        raise CliError(str(err)) from None
-    if result is not None:
-        Console().print(result)
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
     pod = _pod(args)
     if not pod.down():
-        raise CliError(f"no local pod is up in {pod.paths.root}")
+        raise PodError(f"no local pod is up in {pod.paths.root}")
     print(f"local pod in {pod.paths.root} is down")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    """The node as the TPU API tells it, and how to reach each worker."""
+    endpoints = _pod(args).endpoints()
+    parent = f"projects/{endpoints['project']}/locations/{endpoints['zone']}"
+    tpu = tpu_client.client(endpoints)
+    nodes = list(tpu.list_nodes(parent=parent))
+    console = Console()
+    if not nodes:
+        console.print(f"no node in {parent} ({endpoints['tpu_api']})")
+        return 0
+    node = nodes[0]
+    names = [
+        next((i.value for i in g.query_value.items if i.key == "hostname"), "")
+        for g in tpu.get_guest_attributes(request={"name": node.name}).guest_attributes
+    ]
+    state, health = node.state.name, node.health.name
+    table = Table(title=f"{node.name}: {state}, {health} {node.health_description}".strip())
+    for column in ("worker", "instance", "ip", "ssh port"):
+        table.add_column(column)
+    ports = endpoints["ssh"]["ports"]
+    for index, endpoint in enumerate(node.network_endpoints):
+        name = names[index] if index < len(names) else ""
+        address = endpoint.ip_address
+        table.add_row(str(index), name, address, str(ports.get(address, "")))
+    console.print(table)
+    return 0
+
+
+def _endpoints(args: argparse.Namespace) -> int:
+    found = _pod(args).endpoints()
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    table = Table(title="the local pod's cloud", show_header=False)
+    ssh = found["ssh"]
+    for key in ("tpu_api", "project", "zone", "node", "storage", "bucket", "spec_file"):
+        table.add_row(key, str(found[key]))
+    for key in ("user", "key_file", "known_hosts", "iap_command"):
+        table.add_row(f"ssh {key}", ssh[key])
+    for address, port in ssh["ports"].items():
+        table.add_row(f"ssh {address}", str(port))
+    Console().print(table)
+    return 0
+
+
+def _call(args: argparse.Namespace, action) -> int:
+    result = action(_pod(args))
+    if result is not None:
+        Console().print(result)
     return 0
 
 
 def _preempt(args: argparse.Namespace) -> int:
     if args.notice < 0:
-        raise CliError("--notice must be >= 0")
+        raise PodError("--notice must be >= 0")
 
     def preempt(pod: LocalPod) -> str:
         info = pod.preempt(notice=args.notice, wait=not args.no_wait)
@@ -111,6 +152,14 @@ def _crash(args: argparse.Namespace) -> int:
 
 def _hang(args: argparse.Namespace) -> int:
     return _call(args, lambda pod: f"worker {args.worker}: trainer {pod.hang(args.worker)} stopped")
+
+
+def _stockout(args: argparse.Namespace) -> int:
+    if args.count < 1:
+        raise PodError("--count must be >= 1")
+    return _call(
+        args, lambda pod: f"next {pod.inject_stockout(args.count)} create(s) will be stocked out"
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -133,6 +182,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.add_parser("down", parents=[pod_dir], help="stop everything the pod started").set_defaults(
         func=_down
     )
+    sub.add_parser(
+        "status", parents=[pod_dir], help="the node as the pod's TPU API tells it"
+    ).set_defaults(func=_status)
+    endpoints = sub.add_parser(
+        "endpoints", parents=[pod_dir], help="what a client needs: TPU API, storage, SSH"
+    )
+    endpoints.add_argument("--json", action="store_true", help="print endpoints.json")
+    endpoints.set_defaults(func=_endpoints)
 
     preempt = sub.add_parser("preempt", parents=[pod_dir], help="preempt the slice like GCE")
     preempt.add_argument("--notice", type=float, default=30.0, help="seconds from SIGTERM to KILL")
@@ -143,3 +200,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(name, parents=[pod_dir], help=f"{what} a worker's trainer")
         parser.add_argument("--worker", type=int, required=True, help="worker index")
         parser.set_defaults(func=func)
+
+    stockout = sub.add_parser(
+        "stockout", parents=[pod_dir], help="fail the next create(s) with RESOURCE_EXHAUSTED"
+    )
+    stockout.add_argument("--count", type=int, default=1, help="creates to fail")
+    stockout.set_defaults(func=_stockout)

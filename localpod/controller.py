@@ -1,16 +1,18 @@
 """The pod controller daemon: `python -m localpod.controller POD_DIR`.
 
-One long-lived process owns everything a pod runs (the emulator, the metadata server, the worker
-agents) so that separate CLI calls share one pod and `down` has one thing to stop. It is a
-child subreaper too: orphans of a worker agent that died come back to it and are cleaned up.
-CLI calls reach it over a loopback JSON API; `localpod.pod.LocalPod` is its client.
+One long-lived process owns everything a pod runs (the emulator, the metadata server, the Cloud
+TPU API, the worker agents) so that separate CLI calls share one pod and `down` has one thing to
+stop. It is a child subreaper too: orphans of a worker agent that died come back to it and are
+cleaned up. Clients create and delete the node through the TPU API (`endpoints.json` says where);
+the pod-only calls (describe, faults, stockout, shutdown) are a loopback JSON control API whose
+client is `localpod.pod.LocalPod`.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -20,16 +22,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from infra import metadata
-from infra.bundle_archive import build_bundle
 from localpod import procs, storage
-from localpod.environment import worker_attributes
-from localpod.metadata_server import MetadataServer, MetadataStore
-from localpod.slice import Slice
-from localpod.sshserver import generate_keys
+from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
+from localpod.privilege import login_user
+from localpod.slice import Slice, write_ed25519_key
 from localpod.state import PodError, PodPaths, read_json, write_json
+from localpod.tpu_api import TpuApiServer
+from localpod.tpu_nodes import TpuService
 
 UPKEEP_INTERVAL_S = 0.25
+NODE_ID = "local"  # the node the pod's own `up` creates
 
 
 def _log(message: str) -> None:
@@ -59,7 +61,7 @@ def choose_layout(paths: PodPaths, config: dict) -> dict:
         "coordinator_port": procs.free_port("0.0.0.0"),  # JAX's coordinator binds all addresses
         "emulator_port": emulator_port,
         "emulator_url": f"http://127.0.0.1:{emulator_port}",
-        "user": getpass.getuser(),
+        "user": login_user(),
         "devices_per_worker": config["devices_per_worker"],
     }
 
@@ -73,28 +75,8 @@ class Controller:
         self.emulator = None
         self.metadata: MetadataServer | None = None
         self.api: ThreadingHTTPServer | None = None
+        self.tpu: TpuApiServer | None = None
         self.slice: Slice | None = None
-
-    def render_attributes(self) -> dict[int, dict[str, str]]:
-        """Build and upload the bundle, read the startup script: what `pulumi up` would do."""
-        bundle = build_bundle()
-        storage.upload_bundle(self.layout["emulator_url"], self.config["bucket"], bundle)
-        script = self.config.get("startup_script")
-        if script is None:
-            try:
-                script = metadata.startup_script()
-            except FileNotFoundError:
-                raise PodError(f"{metadata.STARTUP_SCRIPT_PATH} is missing") from None
-        return worker_attributes(
-            addresses=self.layout["addresses"],
-            bucket=self.config["bucket"],
-            bundle=bundle,
-            stack=self.config["stack"],
-            trainer_args=self.config["trainer_args"],
-            coordinator_port=self.layout["coordinator_port"],
-            devices_per_worker=self.config["devices_per_worker"],
-            script=script,
-        )
 
     def kill_strays(self) -> None:
         """Kill our descendants that are neither the emulator's tree nor a live worker agent's."""
@@ -108,7 +90,8 @@ class Controller:
         procs.send(strays, signal.SIGKILL)
 
     def start(self) -> None:
-        generate_keys(self.paths.client_key, self.paths.host_key)
+        if not self.paths.client_key.exists():  # the operator's key, kept across pods
+            write_ed25519_key(self.paths.client_key, comment="tpupod-local")
         bucket = self.config["bucket"]
         self.emulator = storage.start_emulator(
             self.layout["emulator_port"], bucket, self.paths.storage, self.paths.emulator_log
@@ -118,7 +101,9 @@ class Controller:
             self.layout["addresses"], self.layout["metadata_port"], store
         )
         self.metadata.start()
-        self.slice = Slice(self.paths, self.layout, store, self.render_attributes, self.kill_strays)
+        self.slice = Slice(self.paths, self.layout, store, self.kill_strays)
+        self.tpu = TpuApiServer(TpuService(self.slice, self.layout))
+        self.tpu.start()
         self.api = ThreadingHTTPServer(("127.0.0.1", 0), _ApiHandler)
         self.api.daemon_threads = True
         self.api.controller = self  # type: ignore[attr-defined]
@@ -128,6 +113,8 @@ class Controller:
             **self.layout,
             "pod_dir": str(self.paths.root),
             "control_port": self.api.server_address[1],
+            "tpu_api": self.tpu.url,
+            "node": NODE_ID,
             "controller_pid": os.getpid(),
             "controller_start": procs.start_time(os.getpid()),
             "emulator_pid": self.emulator.pid,
@@ -136,8 +123,9 @@ class Controller:
             "stack": self.config["stack"],
             "client_key": str(self.paths.client_key),
         }
+        write_json(self.paths.endpoints, endpoints(self.paths, self.layout, self.tpu.url, bucket))
         write_json(self.paths.pod, pod)
-        _log(f"pod up: control 127.0.0.1:{pod['control_port']}, workers {self.layout['addresses']}")
+        _log(f"pod up: control 127.0.0.1:{pod['control_port']}, TPU API {self.tpu.url}")
 
     def run(self) -> None:
         while not self.stop.wait(UPKEEP_INTERVAL_S):
@@ -153,6 +141,8 @@ class Controller:
         if self.api:
             self.api.shutdown()
             self.api.server_close()
+        if self.tpu:
+            self.tpu.stop()
         if self.metadata:
             self.metadata.stop()
         if self.emulator and self.emulator.poll() is None:
@@ -168,10 +158,36 @@ class Controller:
         pod = read_json(self.paths.pod)
         if pod and pod.get("controller_pid") == os.getpid():
             self.paths.pod.unlink(missing_ok=True)
+            self.paths.endpoints.unlink(missing_ok=True)
+
+
+def endpoints(paths: PodPaths, layout: dict, tpu_api: str, bucket: str) -> dict:
+    """What a client of the pod's cloud needs (endpoints.json; `tpupod local endpoints`)."""
+    iap = [sys.executable, "-m", "localpod.iap"]
+    tail = ["--endpoints", str(paths.endpoints)]
+    return {
+        "tpu_api": tpu_api,
+        "project": PROJECT_ID,
+        "zone": ZONE,
+        "node": NODE_ID,
+        "storage": layout["emulator_url"],
+        "bucket": bucket,
+        "spec_file": str(paths.node_spec),
+        "ssh": {
+            "user": layout["user"],
+            "key_file": str(paths.client_key),
+            "known_hosts": str(paths.known_hosts),
+            "iap_command": shlex.join(iap)
+            + " {instance} 22 --listen-on-stdin --zone {zone} --project {project} "
+            + shlex.join(tail),
+            "ports": dict(zip(layout["addresses"], layout["ssh_ports"], strict=True)),
+        },
+    }
 
 
 class _ApiHandler(BaseHTTPRequestHandler):
-    """describe (GET), create / delete / preempt / crash / hang / shutdown (POST)."""
+    """describe (GET); preempt / crash / hang / stockout / shutdown (POST). Nodes are created
+    and deleted through the TPU API."""
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002
         pass
@@ -195,8 +211,9 @@ class _ApiHandler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         actions = {
-            "/create": lambda: ctl.slice.create(),
-            "/delete": lambda: ctl.slice.delete(),
+            "/stockout": lambda: {
+                "pending": ctl.tpu.service.inject_stockout(int(query.get("count", "1")))
+            },
             "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "30"))),
             "/crash": lambda: {
                 "pid": ctl.slice.signal_trainer(int(query["worker"]), signal.SIGKILL)

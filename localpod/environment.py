@@ -2,7 +2,8 @@
 
 The environment is what a TPU VM would give a login or the startup script, plus the standard
 variables that point GCS clients at the emulator; the trainer never learns it runs locally.
-Metadata comes from `infra.metadata`, the same functions the Pulumi program calls.
+Metadata is what the nodes.create request carried (the pod's own `up` renders it with
+`infra.metadata`, the same functions the Pulumi program calls) plus the keys GCE adds per worker.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 from infra import metadata
-from infra.bundle_archive import Bundle
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Passed through from the operator: locale and terminal only, never their venv or credentials.
@@ -59,7 +59,12 @@ def uv_settings() -> dict[str, str]:
 
 
 def worker_env(
-    *, home: Path, metadata_host: str, emulator_url: str, devices_per_worker: int
+    *,
+    home: Path,
+    tpupod_root: Path,
+    metadata_host: str,
+    emulator_url: str,
+    devices_per_worker: int,
 ) -> dict[str, str]:
     uv = uv_executable()
     path = f"{uv.parent}:{SYSTEM_PATH}" if uv else SYSTEM_PATH
@@ -69,7 +74,7 @@ def worker_env(
             "HOME": str(home),
             "PATH": path,
             "SHELL": "/bin/bash",
-            "TPUPOD_ROOT": str(home / "tpupod"),
+            "TPUPOD_ROOT": str(tpupod_root),
             "TPUPOD_LOCAL_POD": "1",
             "GCE_METADATA_HOST": metadata_host,
             "STORAGE_EMULATOR_HOST": emulator_url,
@@ -91,30 +96,30 @@ def accelerator_type(workers: int, devices_per_worker: int) -> str:
     return f"cpu-{workers * devices_per_worker}"
 
 
-def worker_attributes(
-    *,
-    addresses: list[str],
-    bucket: str,
-    bundle: Bundle,
-    stack: str,
-    trainer_args: str,
-    coordinator_port: int,
-    devices_per_worker: int,
-    script: str | None,
-) -> dict[int, dict[str, str]]:
-    """`instance/attributes/*` for each worker: the Pulumi program's keys plus GCE's own."""
-    common = metadata.worker_metadata(
+def pod_metadata(
+    *, bucket: str, bundle_object: str, bundle_sha256: str, stack: str, trainer_args: str,
+    coordinator_port: int, script: str | None,
+) -> dict[str, str]:  # fmt: skip
+    """The pod's own node metadata: the Pulumi program's keys (no uv group: CPU workers)."""
+    return metadata.worker_metadata(
         bucket=bucket,
-        bundle_object=bundle.object_name,
-        bundle_sha256=bundle.sha256,
+        bundle_object=bundle_object,
+        bundle_sha256=bundle_sha256,
         stack=stack,
         trainer_args=trainer_args,
         uv_group="",
         coordinator_port=coordinator_port,
         script=script,
     )
+
+
+def worker_attributes(
+    node_metadata: dict[str, str], addresses: list[str], accelerator: str
+) -> dict[int, dict[str, str]]:
+    """`instance/attributes/*` for each worker: the request's metadata plus GCE's own keys."""
+    common = dict(node_metadata)
     common[metadata.WORKER_NETWORK_ENDPOINTS] = metadata.network_endpoints_value(addresses)
-    common[metadata.ACCELERATOR_TYPE] = accelerator_type(len(addresses), devices_per_worker)
+    common[metadata.ACCELERATOR_TYPE] = accelerator
     return {
         index: {**common, metadata.AGENT_WORKER_NUMBER: str(index)}
         for index in range(len(addresses))

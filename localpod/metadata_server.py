@@ -1,39 +1,77 @@
 """A GCE metadata server speaking the real protocol, one listener per worker address.
 
 A worker is answered as itself by the local address its request arrived on (worker i reaches
-`127.0.K.(i+1):PORT` through `GCE_METADATA_HOST`), so one port serves the whole slice. Only the
-paths a TPU VM's software reads are served; everything else is a 404, as on GCE.
+`127.0.K.(i+1):PORT` through `GCE_METADATA_HOST`), so one port serves the whole slice. Each worker
+sees one tree (instance/, project/, universe/) built from the store; the protocol is GCE's:
+directories list their entries (`recursive=true` gives JSON), `alt=json` quotes a value as JSON,
+every answer carries an `ETag`, `wait_for_change=true` (with `last_etag`, `timeout_sec`) blocks
+until the answer changes, other methods get 405 and unknown paths 404. Only the paths a TPU VM's
+software reads (google-auth, JAX, the startup script) are served.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 PREFIX = "/computeMetadata/v1/"
-TOKEN = {"access_token": "local", "expires_in": 3600, "token_type": "Bearer"}
+TOKEN_LIFETIME_S = 3599
 PROJECT_ID = "tpupod-local"
+PROJECT_NUMBER = "1234"
 ZONE = "local-a"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+MAX_WAIT_S = 3600.0
+# Recursive JSON spells GCE's own names in camelCase; the entries of these keep their names.
+_CAMEL_EXEMPT = ("attributes", "service-accounts")
+
+
+@dataclass
+class Node:
+    """What GCE knows about the node the workers belong to (set at every create)."""
+
+    node_id: str = "local"
+    project: str = PROJECT_ID
+    project_number: str = PROJECT_NUMBER
+    zone: str = ZONE
+    runtime_version: str = ""
+    preemptible: bool = False
+    service_account: str = f"local@{PROJECT_ID}.iam.gserviceaccount.com"
+    scopes: list[str] = field(default_factory=lambda: [CLOUD_PLATFORM])
 
 
 class MetadataStore:
-    """Per-worker attributes plus the slice-wide preempted flag (waitable, like GCE's)."""
+    """Per-worker attributes, hostnames, the node and the slice-wide preempted flag; every change
+    wakes the requests waiting for one."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self.cond = threading.Condition()
         self._attributes: dict[int, dict[str, str]] = {}
         self._preempted = False
         self.hostnames: dict[int, str] = {}
+        self.node = Node()
 
     def set_attributes(self, attributes: dict[int, dict[str, str]], hostnames: dict[int, str]):
-        with self._cond:
+        with self.cond:
             self._attributes = {i: dict(a) for i, a in attributes.items()}
             self.hostnames = dict(hostnames)
+            self.cond.notify_all()
+
+    def set_node(self, **fields) -> None:
+        """Update Node fields (node_id, project, zone, service_account, scopes, ...)."""
+        with self.cond:
+            for name, value in fields.items():
+                if not hasattr(self.node, name):
+                    raise TypeError(f"metadata: no node field {name}")
+                setattr(self.node, name, value)
+            self.cond.notify_all()
 
     def attributes(self, index: int) -> dict[str, str]:
-        with self._cond:
+        with self.cond:
             return dict(self._attributes.get(index, {}))
 
     @property
@@ -41,14 +79,94 @@ class MetadataStore:
         return self._preempted
 
     def set_preempted(self, value: bool) -> None:
-        with self._cond:
+        with self.cond:
             self._preempted = value
-            self._cond.notify_all()
+            self.cond.notify_all()
 
-    def wait_preempted_change(self, last: bool, timeout: float) -> bool:
-        with self._cond:
-            self._cond.wait_for(lambda: self._preempted != last, timeout=timeout)
-            return self._preempted
+    def tree(self, index: int) -> dict:
+        """Worker `index`'s whole metadata tree: dicts are directories, str/list are values."""
+        with self.cond:
+            node = self.node
+            name = self.hostnames.get(index, f"worker-{index}")
+            attributes = dict(self._attributes.get(index, {}))
+            attributes.setdefault("tpu-env", tpu_env(node, index, attributes))
+            account = {"aliases": ["default"], "email": node.service_account}
+            account["scopes"] = list(node.scopes)
+            return {
+                "instance": {
+                    "attributes": attributes,
+                    "hostname": f"{name}.{node.zone}.c.{node.project}.internal",
+                    "id": str(1000 + index),
+                    "name": name,
+                    "zone": f"projects/{node.project_number}/zones/{node.zone}",
+                    "preempted": "TRUE" if self._preempted else "FALSE",
+                    "service-accounts": {"default": account, node.service_account: account},
+                },
+                "project": {"project-id": node.project, "numeric-project-id": node.project_number},
+                "universe": {"universe-domain": "googleapis.com"},
+            }
+
+
+def tpu_env(node: Node, index: int, attributes: dict[str, str]) -> str:
+    """`instance/attributes/tpu-env` as a TPU VM has it (`KEY: 'VALUE'` lines, sorted); the keys
+    that describe this node, a subset of a real VM's (no topology or agent image keys)."""
+    values = {
+        "ACCELERATOR_TYPE": attributes.get("accelerator-type", ""),
+        "CONSUMER_PROJECT_ID": node.project,
+        "CONSUMER_PROJECT_NUMBER": node.project_number,
+        "NODE_ID": node.node_id,
+        "PREEMPTIBLE": "true" if node.preemptible else "false",
+        "RUNTIME_VERSION": node.runtime_version,
+        "SERVICE_NAME": "tpu.googleapis.com",
+        "WORKER_ID": str(index),
+        "ZONE": node.zone,
+    }
+    return "".join(f"{key}: '{value}'\n" for key, value in sorted(values.items()))
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("-")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _as_json(value, camel: bool = True):
+    if isinstance(value, dict):
+        return {
+            (_camel(k) if camel else k): _as_json(v, camel and k not in _CAMEL_EXEMPT)
+            for k, v in value.items()
+        }
+    return value
+
+
+def resolve(tree: dict, path: str, query: dict[str, str]) -> tuple[str, str] | None:
+    """(body, content type) for `path` (relative to /computeMetadata/v1/), None for 404."""
+    if path.endswith("/token") and path.startswith("instance/service-accounts/"):
+        account = tree["instance"]["service-accounts"].get(path.split("/")[2])
+        if account is None:
+            return None
+        token = {"access_token": "local", "expires_in": TOKEN_LIFETIME_S, "token_type": "Bearer"}
+        return json.dumps(token), "application/json"
+    node = tree
+    for part in [p for p in path.split("/") if p]:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    alt = query.get("alt", "")
+    if isinstance(node, dict):
+        if query.get("recursive", "").lower() == "true" or alt == "json":
+            camel = not path.rstrip("/").endswith(_CAMEL_EXEMPT)
+            return json.dumps(_as_json(node, camel)), "application/json"
+        lines = [f"{k}/" if isinstance(v, dict) else k for k, v in node.items()]
+        lines += ["token"] if "email" in node else []  # a service account's directory
+        return "".join(f"{line}\n" for line in sorted(lines)), "application/text"
+    if alt == "json":
+        return json.dumps(node), "application/json"
+    text = "".join(f"{item}\n" for item in node) if isinstance(node, list) else node
+    return text, "application/text"
+
+
+def etag(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -63,9 +181,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Metadata-Flavor", "Google")
         self.send_header("Content-Type", content_type)
+        self.send_header("ETag", etag(body))
         self.send_header("Content-Length", str(len(data)))
+        if code == 405:
+            self.send_header("Allow", "GET")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _not_allowed(self) -> None:
+        self._send(405, "Method not allowed\n", "text/html")
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         if self.headers.get("Metadata-Flavor", "").lower() != "google":
@@ -75,10 +202,14 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         if url.path in ("/", "/computeMetadata/", PREFIX.rstrip("/"), PREFIX):
-            return self._send(200, "instance/\nproject/\n")
+            return self._send(200, "instance/\nproject/\nuniverse/\n")
         if not url.path.startswith(PREFIX):
             return self._send(404, "Not Found\n", "text/html")
-        found = self.server.answer(url.path[len(PREFIX) :], query)
+        path = url.path[len(PREFIX) :]
+        try:
+            found = self.server.answer(path, query)
+        except ValueError as err:
+            return self._send(400, f"{err}\n", "text/html")
         if found is None:
             return self._send(404, "Not Found\n", "text/html")
         self._send(200, *found)
@@ -94,40 +225,24 @@ class _WorkerServer(ThreadingHTTPServer):
         self.store = store
 
     def answer(self, path: str, query: dict[str, str]) -> tuple[str, str] | None:
-        """(body, content type) for a path under /computeMetadata/v1/, None for 404."""
-        attributes = self.store.attributes(self.index)
-        hostname = self.store.hostnames.get(self.index, f"worker-{self.index}")
-        recursive = query.get("recursive", "").lower() == "true" or query.get("alt") == "json"
-        if path.rstrip("/") == "instance/attributes":
-            if recursive:
-                return json.dumps(attributes), "application/json"
-            return "".join(f"{key}\n" for key in sorted(attributes)), "application/text"
-        if path.startswith("instance/attributes/"):
-            value = attributes.get(path[len("instance/attributes/") :])
-            return None if value is None else (value, "application/text")
-        if path == "instance/preempted":
-            value = self.store.preempted
-            if query.get("wait_for_change", "").lower() == "true":
-                timeout = float(query.get("timeout_sec", "3600"))
-                value = self.store.wait_preempted_change(value, timeout)
-            return ("TRUE" if value else "FALSE"), "application/text"
-        simple = {
-            "instance/hostname": hostname,
-            "instance/name": hostname,
-            "instance/id": str(1000 + self.index),
-            "instance/zone": f"projects/1234/zones/{ZONE}",
-            "project/project-id": PROJECT_ID,
-            "project/numeric-project-id": "1234",
-            "instance/service-accounts/default/email": f"local@{PROJECT_ID}.iam.gserviceaccount.com",
-            "instance/service-accounts/default/scopes": "https://www.googleapis.com/auth/cloud-platform",
-        }
-        if path in simple:
-            return simple[path], "application/text"
-        if path == "instance/service-accounts/default/token":
-            return json.dumps(TOKEN), "application/json"
-        if path.rstrip("/") == "instance/service-accounts":
-            return "default/\n", "application/text"
-        return None
+        """The answer now, or with `wait_for_change=true` the first one whose ETag differs from
+        `last_etag` (default: the current one), or the current one after `timeout_sec`."""
+        found = resolve(self.store.tree(self.index), path, query)
+        if query.get("wait_for_change", "").lower() != "true":
+            return found
+        timeout = min(float(query.get("timeout_sec", MAX_WAIT_S)), MAX_WAIT_S)
+        if timeout < 0:
+            raise ValueError("timeout_sec must not be negative")
+        baseline = query.get("last_etag") or (etag(found[0]) if found else None)
+        deadline = time.monotonic() + timeout
+        with self.store.cond:
+            while True:
+                found = resolve(self.store.tree(self.index), path, query)
+                now = etag(found[0]) if found else None
+                remaining = deadline - time.monotonic()
+                if now != baseline or remaining <= 0:
+                    return found
+                self.store.cond.wait(remaining)
 
 
 class MetadataServer:

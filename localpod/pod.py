@@ -1,7 +1,9 @@
 """`LocalPod`: the importable pod API (what the CLI, the ops provider and tests call).
 
-`up` starts the controller daemon and returns once the slice is READY; every other call is a
-loopback HTTP request to that daemon, so separate processes share one pod through its directory.
+`up` starts the controller daemon, uploads the code bundle, writes the node spec and creates
+the node through the pod's Cloud TPU API with Google's client, as ops does on GCP; it returns
+once the node is READY. Other calls are loopback HTTP requests to that daemon (the TPU API for
+create / delete, the control API for describe and faults), so separate processes share one pod.
 
     with LocalPod(tmp_path / "pod", workers=2, startup_script=Path("boot.sh")) as pod:
         pod.describe().workers[0].host
@@ -23,17 +25,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localpod import procs
+from infra import metadata
+from infra.bundle_archive import build_bundle
+from localpod import procs, storage, tpu_client
+from localpod.environment import accelerator_type, pod_metadata
 from localpod.state import (
     PROJECT_ROOT,
     PodError,
     PodNotUp,
     PodPaths,
+    SliceState,
     default_pod_dir,
     read_json,
     write_json,
 )
-from ops.provider import SliceState
 
 DEFAULT_TRAINER_ARGS = "--config tiny --steps 200"
 DEFAULT_BUCKET = "tpupod-local"
@@ -49,6 +54,7 @@ class WorkerInfo:
     key_filename: str
     agent_pid: int | None = None
     alive: bool = False
+    hostname: str | None = None  # the instance name (guest attribute `hostname`)
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class LocalPod:
         stack: str = STACK,
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
-        infra.metadata.startup_script() (re-read at every create, like `pulumi up` would)."""
+        infra.metadata.startup_script(); read once by `up` into the node spec."""
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
@@ -93,10 +99,22 @@ class LocalPod:
         pod = self._pod()
         return bool(pod and procs.alive(pod["controller_pid"], pod["controller_start"]))
 
-    def _request(self, method: str, path: str, timeout: float = 10.0) -> dict:
+    def _live_pod(self) -> dict:
         pod = self._pod()
         if not pod or not procs.alive(pod["controller_pid"], pod["controller_start"]):
             raise PodNotUp(f"no local pod is up in {self.paths.root} (run `tpupod local up`)")
+        return pod
+
+    def endpoints(self) -> dict:
+        """endpoints.json: what a client of this pod's cloud needs (Contract 1)."""
+        self._live_pod()
+        found = read_json(self.paths.endpoints)
+        if found is None:
+            raise PodNotUp(f"the local pod in {self.paths.root} has no {self.paths.endpoints}")
+        return found
+
+    def _request(self, method: str, path: str, timeout: float = 10.0) -> dict:
+        pod = self._live_pod()
         url = f"http://127.0.0.1:{pod['control_port']}{path}"
         request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
         try:
@@ -126,13 +144,14 @@ class LocalPod:
                 "trainer_args": self.trainer_args,
                 "bucket": self.bucket,
                 "stack": self.stack,
-                "startup_script": script.read_text() if isinstance(script, Path) else script,
             },
         )
         try:
-            note("starting controller, storage emulator, metadata server")
+            note("starting controller, storage emulator, metadata server, TPU API")
             self._start_controller(deadline=time.monotonic() + timeout)
-            note(f"creating a {self.workers}-worker slice")
+            note("uploading the code bundle, writing the node spec")
+            self._write_spec(script)
+            note(f"creating a {self.workers}-worker node")
             return self.create(wait=True, timeout=timeout)
         except BaseException:
             self.down()
@@ -154,6 +173,42 @@ class LocalPod:
                 lines = self.paths.controller_log.read_text().strip().splitlines() or ["no output"]
                 raise PodError(f"pod controller failed: {lines[-1]} ({self.paths.controller_log})")
             time.sleep(0.05)
+
+    def _write_spec(self, script: Path | str | None) -> dict:
+        """Upload the bundle and write node-spec.json: what `pulumi up` does on GCP."""
+        pod = self._live_pod()
+        bundle = build_bundle()
+        storage.upload_bundle(pod["emulator_url"], self.bucket, bundle)
+        if isinstance(script, Path):
+            script = script.read_text()
+        elif script is None:
+            try:
+                script = metadata.startup_script()
+            except FileNotFoundError:
+                raise PodError(f"{metadata.STARTUP_SCRIPT_PATH} is missing") from None
+        node_metadata = pod_metadata(
+            bucket=self.bucket,
+            bundle_object=bundle.object_name,
+            bundle_sha256=bundle.sha256,
+            stack=self.stack,
+            trainer_args=self.trainer_args,
+            coordinator_port=pod["coordinator_port"],
+            script=script,
+        )
+        endpoints = self.endpoints()
+        spec = {
+            "parent": f"projects/{endpoints['project']}/locations/{endpoints['zone']}",
+            "node_id": endpoints["node"],
+            "node": {
+                "acceleratorType": accelerator_type(self.workers, self.devices_per_worker),
+                "runtimeVersion": "tpu-ubuntu2204-base",
+                "schedulingConfig": {"spot": True},
+                "labels": {"tpupod-stack": self.stack},
+                "metadata": node_metadata,
+            },
+        }
+        write_json(self.paths.node_spec, spec)
+        return spec
 
     def down(self) -> bool:
         """Stop everything the pod started, by pid; True when something was running."""
@@ -203,17 +258,21 @@ class LocalPod:
         return info
 
     def create(self, wait: bool = True, timeout: float = 180.0) -> PodInfo:
-        info = _info(self._request("POST", "/create"))
-        if not wait:
-            return info
-        info = self.wait_for({SliceState.READY, SliceState.TERMINATED}, timeout)
-        if info.state != SliceState.READY:
-            raise PodError(info.detail or f"slice is {info.state}")
-        return info
+        """nodes.create from node-spec.json, through the TPU API like any client."""
+        spec = read_json(self.paths.node_spec)
+        if spec is None:
+            raise PodError(f"no node spec {self.paths.node_spec}: run `tpupod local up`")
+        tpu_client.create_node(self.endpoints(), spec, timeout=timeout if wait else None)
+        return self.describe()
 
     def delete(self, wait: bool = True, timeout: float = 60.0) -> PodInfo:
-        info = _info(self._request("POST", "/delete"))
-        return self.wait_for({SliceState.MISSING}, timeout) if wait else info
+        """nodes.delete of whichever node exists, through the TPU API."""
+        tpu_client.delete_node(self.endpoints(), timeout=timeout if wait else None)
+        return self.describe()
+
+    def inject_stockout(self, count: int = 1) -> int:
+        """The next `count` creates fail with RESOURCE_EXHAUSTED; returns how many are pending."""
+        return self._request("POST", f"/stockout?count={count}")["pending"]
 
     def recreate(self, wait: bool = True) -> PodInfo:
         if self.describe().state != SliceState.MISSING:
@@ -241,11 +300,15 @@ class LocalPod:
 
 
 def _info(raw: dict) -> PodInfo:
+    names = [i["hostname"] for i in raw.get("instances", [])]
     return PodInfo(
         state=SliceState.parse(raw["state"]),
         health=raw.get("health"),
         detail=raw.get("detail"),
         preempted=bool(raw.get("preempted")),
-        workers=[WorkerInfo(**w) for w in raw.get("workers", [])],
+        workers=[
+            WorkerInfo(**w, hostname=names[w["index"]] if w["index"] < len(names) else None)
+            for w in raw.get("workers", [])
+        ],
         pod=raw.get("pod") or {},
     )

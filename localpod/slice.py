@@ -1,13 +1,15 @@
 """The slice's lifecycle, played like the TPU API: create, delete, preempt, plus fault injection.
 
 Long operations (create, delete, preempt) run in a background thread and return at once, as the
-TPU API's long-running operations do; callers poll `describe()`, which only reads fields and
-never walks /proc, so ops can poll it twice a second.
+TPU API's long-running operations do; `on_done` tells the caller (the TPU API's operation) when one
+finished, and `describe()` only reads fields and never walks /proc, so clients can poll it often.
+Every create is a new VM per worker: a wiped disk, a fresh SSH host key, a new instance name.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -19,11 +21,12 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import asyncssh
+
 from localpod import procs
-from localpod.environment import worker_env
+from localpod.environment import accelerator_type, worker_attributes, worker_env
 from localpod.metadata_server import MetadataStore
-from localpod.state import PodError, PodPaths, check_transition, write_json
-from ops.provider import SliceState
+from localpod.state import PodError, PodPaths, SliceState, check_transition, write_json
 
 CREATE_TIMEOUT_S = 90.0
 DELETE_GRACE_S = 3.0
@@ -35,19 +38,35 @@ class Agent:
     popen: subprocess.Popen
 
 
+@dataclass(frozen=True)
+class Instance:
+    """What GCE tells about one worker VM: its instance name and its SSH host key."""
+
+    hostname: str
+    host_key: str  # base64 ed25519 public key, as guest attributes serve it
+
+
+def write_ed25519_key(path: Path, comment: str) -> str:
+    """A new OpenSSH ed25519 key pair at path (+ .pub); returns the public key's base64."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = asyncssh.generate_private_key("ssh-ed25519", comment=comment)
+    key.write_private_key(path, "openssh")
+    path.chmod(0o600)
+    key.write_public_key(path.with_name(path.name + ".pub"), "openssh")
+    return key.export_public_key("openssh").decode().split()[1]
+
+
 class Slice:
     def __init__(
         self,
         paths: PodPaths,
         layout: dict,
         store: MetadataStore,
-        render_attributes: Callable[[], dict[int, dict[str, str]]],
         kill_strays: Callable[[], None],
     ) -> None:
         self.paths = paths
         self.layout = layout
         self.store = store
-        self._render = render_attributes
         self._kill_strays = kill_strays
         self._lock = threading.RLock()  # guards the fields below
         self._op = threading.Lock()  # one long operation at a time
@@ -55,6 +74,7 @@ class Slice:
         self.health: str | None = None
         self.detail: str | None = "not created"
         self._agents: dict[int, Agent] = {}
+        self.instances: list[Instance] = []  # of the current node, by worker index
         self._busy = False  # preempting or shutting down: agents dying is expected
         for left in (paths.root / "trash").glob("*"):  # from a controller that stopped mid-wipe
             threading.Thread(target=shutil.rmtree, args=(left, True), daemon=True).start()
@@ -79,6 +99,7 @@ class Slice:
                     )
             return {
                 "state": str(self.state),
+                "instances": [vars(i) for i in self.instances] if workers else [],
                 "health": self.health,
                 "detail": self.detail,
                 "preempted": self.store.preempted,
@@ -100,9 +121,11 @@ class Slice:
         allowed_from: set[SliceState],
         target: Callable[[], None],
         begin: Callable[[], None],
+        on_done: Callable[[], None] | None = None,
     ) -> None:
         """Check and take the one-operation lock in the caller (so two calls cannot both pass),
-        apply the first state change, then run `target` in the background; it frees the lock."""
+        apply the first state change, then run `target` in the background; it frees the lock,
+        then calls `on_done`."""
         with self._lock:
             if self.state not in allowed_from:
                 raise PodError(f"cannot {what}: slice is {self.state}")
@@ -115,22 +138,33 @@ class Slice:
                 target()
             finally:
                 self._op.release()
+                if on_done is not None:
+                    on_done()
 
         threading.Thread(target=run, daemon=True).start()
 
     # -- create ------------------------------------------------------------------------------
-    def create(self) -> None:
+    def create(
+        self, node_metadata: dict[str, str], on_done: Callable[[], None] | None = None
+    ) -> None:
+        """Boot every worker from `node_metadata` (the nodes.create request's metadata)."""
         begin = partial(self._set, SliceState.CREATING, detail="creating")
-        self._start_op("create", {SliceState.MISSING}, self._create, begin)
+        target = partial(self._create, node_metadata)
+        self._start_op("create", {SliceState.MISSING}, target, begin, on_done)
 
-    def _create(self) -> None:
+    def _create(self, node_metadata: dict[str, str]) -> None:
         try:
-            attributes = self._render()
-            hostnames = {i: f"tpupod-local-w-{i}" for i in attributes}
+            addresses = self.layout["addresses"]
+            accelerator = accelerator_type(len(addresses), self.layout["devices_per_worker"])
+            attributes = worker_attributes(node_metadata, addresses, accelerator)
+            prefix = f"t1v-n-{secrets.token_hex(4)}"  # a new VM: a new instance name
+            hostnames = {i: f"{prefix}-w-{i}" for i in attributes}
             self.store.set_attributes(attributes, hostnames)
             self.store.set_preempted(False)
-            for index in range(len(self.layout["addresses"])):
-                self._spawn_agent(index)
+            instances = [self._spawn_agent(i, hostnames[i]) for i in range(len(addresses))]
+            with self._lock:
+                self.instances = instances
+            self._write_known_hosts()
             self._wait_ready()
         except Exception as err:  # noqa: BLE001 - any failure ends creation, reported in describe
             self._stop_agents(grace=0)
@@ -140,10 +174,11 @@ class Slice:
         with self._lock:
             self._set(SliceState.READY, health="HEALTHY", detail=None)
 
-    def _spawn_agent(self, index: int) -> None:
-        """A fresh disk (wiped worker dir), its authorized_keys, then the agent process."""
+    def _spawn_agent(self, index: int, hostname: str) -> Instance:
+        """A fresh disk (wiped worker dir), host key and authorized_keys, then the agent."""
         worker_dir = self.paths.worker(index)
         self._wipe(worker_dir)
+        host_key = write_ed25519_key(self.paths.host_key(index), comment=f"root@{hostname}")
         home = self.paths.home(index)
         (home / ".ssh").mkdir(parents=True)
         authorized = home / ".ssh" / "authorized_keys"
@@ -155,11 +190,12 @@ class Slice:
             "ssh_port": self.layout["ssh_ports"][index],
             "home": str(home),
             "worker_dir": str(worker_dir),
-            "host_key": str(self.paths.host_key),
+            "host_key": str(self.paths.host_key(index)),
             "authorized_keys": str(authorized),
             "ready_file": str(self.paths.agent_ready(index)),
             "env": worker_env(
                 home=home,
+                tpupod_root=self.paths.tpupod_root(index),
                 metadata_host=f"{address}:{self.layout['metadata_port']}",
                 emulator_url=self.layout["emulator_url"],
                 devices_per_worker=self.layout["devices_per_worker"],
@@ -177,6 +213,18 @@ class Slice:
             )
         with self._lock:
             self._agents[index] = Agent(index, popen)
+        return Instance(hostname=hostname, host_key=host_key)
+
+    def _write_known_hosts(self) -> None:
+        """`[IP]:PORT` and the instance name per worker, so plain ssh can check strictly."""
+        lines = []
+        for index, instance in enumerate(self.instances):
+            address, port = self.layout["addresses"][index], self.layout["ssh_ports"][index]
+            for name in (f"[{address}]:{port}", instance.hostname):
+                lines.append(f"{name} ssh-ed25519 {instance.host_key}\n")
+        tmp = self.paths.known_hosts.with_name(".known_hosts.tmp")
+        tmp.write_text("".join(lines))
+        os.replace(tmp, self.paths.known_hosts)
 
     def _wipe(self, path: Path) -> None:
         """Move the old disk aside at once and delete it in the background: a worker's .venv
@@ -204,16 +252,17 @@ class Slice:
             time.sleep(0.05)
 
     # -- delete ------------------------------------------------------------------------------
-    def delete(self) -> None:
+    def delete(self, on_done: Callable[[], None] | None = None) -> None:
         allowed = {SliceState.READY, SliceState.PREEMPTED, SliceState.TERMINATED}
         begin = partial(self._set, SliceState.DELETING, detail="deleting")
-        self._start_op("delete", allowed, self._delete, begin)
+        self._start_op("delete", allowed, self._delete, begin, on_done)
 
     def _delete(self) -> None:
         self._stop_agents(grace=DELETE_GRACE_S)
         self.store.set_preempted(False)
         with self._lock:
             self._set(SliceState.MISSING, detail="deleted")
+            self.instances = []
 
     def _stop_agents(self, grace: float) -> None:
         """SIGTERM every worker process, SIGKILL what is left after `grace`, then the agents."""

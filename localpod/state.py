@@ -1,7 +1,8 @@
-"""Pod state on disk and the slice lifecycle table.
+"""Pod state on disk, the node states and the slice lifecycle table.
 
 Separate CLI calls share one pod through its directory: `config.json` (what `up` asked for),
-`pod.json` (what the controller chose: ports, pids, addresses), keys, logs and worker disks.
+`pod.json` (what the controller chose: ports, pids, addresses), `endpoints.json` (what a client of
+the pod's cloud needs), `node-spec.json` (what `up` sent to nodes.create), keys, logs and disks.
 """
 
 from __future__ import annotations
@@ -10,12 +11,41 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-
-from ops.provider import SliceState
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POD_DIR_ENV = "TPUPOD_POD_DIR"
+
+class SliceState(StrEnum):
+    """google.cloud.tpu_v2.Node.State names, plus MISSING (no node: never a Node's state)."""
+
+    CREATING = "CREATING"
+    READY = "READY"
+    RESTARTING = "RESTARTING"
+    REIMAGING = "REIMAGING"
+    DELETING = "DELETING"
+    REPAIRING = "REPAIRING"
+    STOPPED = "STOPPED"
+    STOPPING = "STOPPING"
+    STARTING = "STARTING"
+    PREEMPTED = "PREEMPTED"
+    TERMINATED = "TERMINATED"
+    HIDING = "HIDING"
+    HIDDEN = "HIDDEN"
+    UNHIDING = "UNHIDING"
+    UNKNOWN = "UNKNOWN"
+    MISSING = "MISSING"
+
+    @classmethod
+    def parse(cls, raw: str | None) -> SliceState:
+        if raw is None:
+            return cls.MISSING
+        try:
+            return cls(raw.upper())
+        except ValueError:
+            return cls.UNKNOWN
+
 
 # The TPU API lifecycle, as this pod plays it. MISSING = deleted (no node).
 TRANSITIONS: dict[SliceState, frozenset[SliceState]] = {
@@ -70,16 +100,24 @@ class PodPaths:
         return self.root / "storage"
 
     @property
+    def endpoints(self) -> Path:
+        return self.root / "endpoints.json"
+
+    @property
+    def node_spec(self) -> Path:
+        return self.root / "node-spec.json"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "known_hosts"
+
+    @property
     def keys(self) -> Path:
         return self.root / "keys"
 
     @property
     def client_key(self) -> Path:
         return self.keys / "id_ed25519"
-
-    @property
-    def host_key(self) -> Path:
-        return self.keys / "ssh_host_ed25519_key"
 
     def worker(self, index: int) -> Path:
         return self.root / "workers" / str(index)
@@ -93,8 +131,16 @@ class PodPaths:
     def agent_ready(self, index: int) -> Path:
         return self.worker(index) / "ready"
 
+    def host_key(self, index: int) -> Path:
+        """The worker's own SSH host key, on its disk: a recreated VM has a new one."""
+        return self.worker(index) / "ssh_host_ed25519_key"
+
+    def tpupod_root(self, index: int) -> Path:
+        """$TPUPOD_ROOT (GCP: /var/lib/tpupod, root's): not under the login's HOME."""
+        return self.worker(index) / "tpupod"
+
     def trainer_pid(self, index: int) -> Path:
-        return self.home(index) / "tpupod" / "trainer.pid"
+        return self.tpupod_root(index) / "trainer.pid"
 
 
 def write_json(path: Path, data: dict) -> None:

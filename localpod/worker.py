@@ -2,16 +2,20 @@
 
 The agent is the worker's "VM": its own session (the controller starts it with
 start_new_session), a child subreaper so that trainers detached with setsid stay its descendants,
-the worker's SSH server, and, like GCE's guest agent, it fetches `startup-script` from the
-metadata server at boot and runs it with bash, logging to the worker's directory.
+the worker's SSH server (logins as the unprivileged login user when the pod runs as root), the
+pod's sudo for that user, and, like GCE's guest agent, it fetches `startup-script` from the
+metadata server at boot and runs it with bash as root, logging to the worker's directory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,10 +23,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from localpod import procs, sshserver
+from localpod import privilege, procs, sshserver
 from localpod.state import read_json
+from localpod.sudo import SudoSpool, write_shim
 
 SHUTDOWN_GRACE_S = 2.0
+CLONE_NEWUTS, CLONE_NEWNS = 0x04000000, 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 
 
 class Reaper:
@@ -61,7 +68,12 @@ class Reaper:
 
 def fetch_startup_script(metadata_host: str, timeout: float = 30.0) -> str | None:
     """The script from metadata as the guest agent reads it; None when the key is unset."""
-    url = f"http://{metadata_host}/computeMetadata/v1/instance/attributes/startup-script"
+    return fetch_metadata(metadata_host, "instance/attributes/startup-script", timeout)
+
+
+def fetch_metadata(metadata_host: str, path: str, timeout: float = 30.0) -> str | None:
+    """A value from the metadata server, retried while it is unreachable; None for a 404."""
+    url = f"http://{metadata_host}/computeMetadata/v1/{path}"
     request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
     deadline = time.monotonic() + timeout
     while True:
@@ -78,8 +90,54 @@ def fetch_startup_script(metadata_host: str, timeout: float = 30.0) -> str | Non
             time.sleep(0.2)
 
 
+def adopt_hostname(cfg: dict) -> str | None:
+    """As on a TPU VM, the OS hostname is the instance name and /etc/hosts resolves it to the
+    worker's address (GCE's guest agent adds that line; gloo resolves its own hostname). Root
+    only: the agent takes UTS and mount namespaces of its own, so the host is untouched; a
+    developer's pod keeps the host's name. Returns the name, None when it stays the host's."""
+    if os.geteuid() != 0:
+        return None
+    host = cfg["env"]["GCE_METADATA_HOST"]
+    name = fetch_metadata(host, "instance/name", timeout=10)
+    fqdn = fetch_metadata(host, "instance/hostname", timeout=10)
+    if not name or not fqdn:
+        return None
+    hosts = Path(cfg["worker_dir"]) / "hosts"
+    original = Path("/etc/hosts").read_text()
+    hosts.write_text(f"{original}{cfg['address']} {fqdn} {name}  # Added by Google\n")
+    hosts.chmod(0o644)
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.unshare(CLONE_NEWUTS | CLONE_NEWNS) != 0:
+        return None
+    # Private first, so that the bind mount below can never show up outside this worker.
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return None
+    if libc.mount(os.fsencode(hosts), b"/etc/hosts", None, MS_BIND, None) != 0:
+        return None
+    socket.sethostname(name)
+    return name
+
+
 def _log(message: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}", flush=True)
+
+
+def root_env(cfg: dict) -> dict[str, str]:
+    """The environment of the worker's root processes: the pod's sudo first on PATH."""
+    env = dict(cfg["env"])
+    env["PATH"] = f"{Path(cfg['worker_dir']) / 'bin'}:{env.get('PATH', '')}"
+    return env
+
+
+def prepare_vm(cfg: dict, user: privilege.Login) -> None:
+    """What the image gives a TPU VM: the login's HOME is theirs (reachable through the pod's
+    dirs), root's files default to 0644/0755 (the login can read, not write, trainer files)."""
+    os.umask(0o022)
+    if user.drops_root:
+        os.setgroups([])  # root's groups must not leak into the login's file access
+    home = Path(cfg["home"])
+    privilege.give_tree(home, user)
+    privilege.open_traverse(home, user)
 
 
 async def run_startup_script(cfg: dict, reaper: Reaper) -> None:
@@ -102,7 +160,7 @@ async def run_startup_script(cfg: dict, reaper: Reaper) -> None:
     with log_path.open("ab") as log:
         _, exited = reaper.spawn(
             ["bash", str(path)],
-            cfg["env"],
+            root_env(cfg),
             Path("/"),  # as GCE's guest agent: not the worker's HOME
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -118,14 +176,23 @@ async def main(cfg: dict) -> None:
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    user = privilege.login()
+    prepare_vm(cfg, user)
+    worker_dir = Path(cfg["worker_dir"])
+    env = root_env(cfg)
+    write_shim(worker_dir / "bin", worker_dir / "sudo-spool", user, os.getpid())
+    sudo = asyncio.ensure_future(
+        SudoSpool(worker_dir / "sudo-spool", user, env, reaper.spawn).serve()
+    )
     acceptor = await sshserver.serve(
         cfg["address"],
         cfg["ssh_port"],
         host_key=Path(cfg["host_key"]),
         authorized_keys=Path(cfg["authorized_keys"]),
-        env=cfg["env"],
+        env=env,
         home=Path(cfg["home"]),
         spawn=reaper.spawn,
+        user=user,
     )
     Path(cfg["ready_file"]).write_text(str(os.getpid()))
     _log(f"worker {cfg['index']}: ssh on {cfg['address']}:{cfg['ssh_port']}")
@@ -133,6 +200,7 @@ async def main(cfg: dict) -> None:
     await stop.wait()
     _log(f"worker {cfg['index']}: shutting down")
     boot.cancel()
+    sudo.cancel()
     acceptor.close()
     # The whole worker goes down with its agent, as a VM takes its processes with it.
     await loop.run_in_executor(
@@ -147,5 +215,7 @@ if __name__ == "__main__":
         sys.exit(f"worker: cannot read {sys.argv[1]}")
     procs.set_subreaper()
     os.chdir(config["home"])
+    with contextlib.suppress(OSError, urllib.error.URLError):
+        adopt_hostname(config)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main(config))

@@ -7,7 +7,9 @@ import importlib
 import sys
 
 # Modules exposing `register(subparsers)`; each adds its subcommands with `set_defaults(func=...)`.
-COMMAND_MODULES: list[str] = ["localpod.cli", "ops.commands"]
+# A module may also expose `USER_ERRORS`, exception types that mean bad input or an impossible
+# request (printed as one line, exit 2), so that localpod needs nothing from ops.
+COMMAND_MODULES: list[str] = ["localpod.cli", "ops.commands", "ops.checkpoints"]
 
 
 class CliError(Exception):
@@ -18,13 +20,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpupod",
         description="Self-healing spot TPU training: watch a slice, recover it after preemptions, "
-        "crashes and hangs, and resume from the latest checkpoint. Slices are declared with "
+        "crashes and hangs through the Cloud TPU API, and resume from the latest checkpoint. "
+        "Slices are declared with "
         "`pulumi up --stack NAME`; `--stack local` is a slice on this machine.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """CliError plus every command module's USER_ERRORS."""
+    found: list[type[Exception]] = [CliError]
+    for name in COMMAND_MODULES:
+        found.extend(getattr(importlib.import_module(name), "USER_ERRORS", ()))
+    return tuple(found)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
-    except CliError as err:
+    except user_errors() as err:
         print(f"tpupod: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

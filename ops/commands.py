@@ -13,38 +13,59 @@ from rich.console import Console
 from rich.table import Table
 
 from ops.cli import CliError
-from ops.journal import Journal
-from ops.provider import Provider, ProviderError, SliceInfo, SliceState
-from ops.providers import LOCAL, ROOT, get_provider
+from ops.provider import ProviderError, SliceInfo, SliceState
 from ops.recovery import Limits, Probe
-from ops.watch import WatchConfig, Watcher
+from ops.target import LOCAL, load_target, state_dir
+from ops.tpu import TpuProvider
+from ops.watch import WatchConfig
 from ops.workers import ROOT as REMOTE_ROOT
 from ops.workers import WorkerError, WorkerGroup
 
 # Per-provider defaults: a CPU pod compiles and boots in seconds, a TPU slice in minutes.
 WATCH_DEFAULTS = {
-    LOCAL: dict(hang=30.0, start=300.0, stall=400.0, bootstrap=600.0, ready=180.0, grace=30.0),
-    "gcp": dict(hang=300.0, start=1800.0, stall=1800.0, bootstrap=1800.0, ready=1800.0, grace=60.0),
-}
+    LOCAL: dict(hang=30.0, start=300.0, stall=400.0, bootstrap=600.0, ready=180.0, grace=30.0,
+                capacity=2.0),
+    "gcp": dict(hang=300.0, start=1800.0, stall=1800.0, bootstrap=1800.0, ready=1800.0,
+                grace=60.0, capacity=60.0),
+}  # fmt: skip
 LOG_FILES = {"trainer": "trainer.log", "bootstrap": "bootstrap.log"}
+_STATE_STYLE = {
+    SliceState.READY: "green",
+    SliceState.CREATING: "yellow",
+    SliceState.DELETING: "yellow",
+    SliceState.PREEMPTED: "red",
+    SliceState.TERMINATED: "red",
+}
 
 
-def provider_for(args: argparse.Namespace) -> Provider:
-    if args.stack == LOCAL:
-        from ops.providers.local import LocalProvider
+def provider_for(args: argparse.Namespace) -> TpuProvider:
+    """The one provider, for the target `--stack` (and `--pod-dir` / `--spec`) name."""
+    try:
+        target = load_target(
+            args.stack,
+            pod_dir=getattr(args, "pod_dir", None),
+            spec_file=getattr(args, "spec", None),
+            cache_dir=state_dir_for(args),
+        )
+    except ProviderError as err:
+        raise CliError(str(err)) from None
+    return TpuProvider(target)
 
-        return LocalProvider(pod_dir=getattr(args, "pod_dir", None))
-    return get_provider(args.stack)
+
+def state_dir_for(args: argparse.Namespace) -> Path:
+    """The journal's directory: the incident and the cached stack outputs live beside it."""
+    journal = getattr(args, "journal", None)
+    return Path(journal).parent if journal else state_dir(args.stack)
 
 
-def describe(provider: Provider) -> SliceInfo:
+def describe(provider: TpuProvider) -> SliceInfo:
     try:
         return provider.describe()
     except ProviderError as err:
         raise CliError(str(err)) from None
 
 
-def ready_workers(provider: Provider) -> SliceInfo:
+def ready_workers(provider: TpuProvider) -> SliceInfo:
     info = describe(provider)
     if info.state is not SliceState.READY or not info.workers:
         raise CliError(f"slice {provider.name} is {info.state}: nothing to reach over SSH")
@@ -82,19 +103,29 @@ def worker_table(info: SliceInfo, probes: list[Probe]) -> Table:
     return table
 
 
-def _slice_table(info: SliceInfo, title: str) -> Table:
-    try:  # the local pod engineer's table: slice state, health and endpoints
-        from localpod.cli import slice_table
-    except ImportError:
-        return Table(title=f"{title}: {info.state}")
-    return slice_table(info, title=title)
+def slice_table(info: SliceInfo, title: str = "slice") -> Table:
+    """Slice state and health in the title, one row per worker as ops reaches it."""
+    style = _STATE_STYLE.get(info.state, "white")
+    health = f", {info.health}" if info.health else ""
+    detail = f" ({info.detail})" if info.detail and info.detail != info.state else ""
+    table = Table(title=f"{title}: [{style}]{info.state}[/{style}]{health}{detail}")
+    for column in ("worker", "instance", "internal ip", "ssh to", "user"):
+        table.add_column(column)
+    for w in info.workers:
+        via = f"{w.host}:{w.port}" + (" (IAP)" if w.proxy_command else "")
+        table.add_row(str(w.index), w.instance or "", w.internal_ip or "", via, w.user or "")
+    return table
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     provider = provider_for(args)
     info = describe(provider)
     console = Console()
-    console.print(_slice_table(info, title=f"stack {args.stack}"))
+    console.print(slice_table(info, title=f"stack {args.stack}"))
+    from ops.remote_watch import watcher_lines  # heartbeat, lease holder, journal (bucket)
+
+    for line in watcher_lines(provider):
+        console.print(line, markup=False, highlight=False)
     if info.state is SliceState.READY and info.workers:
         with WorkerGroup(info.workers, retries=1) as group:
             console.print(worker_table(info, group.probe()))
@@ -120,6 +151,21 @@ class _Prefixed:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    if getattr(args, "watcher", False):
+        from ops.remote_watch import follow_journal
+
+        try:
+            return follow_journal(provider_for(args), args.lines, args.follow, Console())
+        except ProviderError as err:
+            raise CliError(str(err)) from None
+    if getattr(args, "incident", None) is not None:  # kept beside the journal: no slice needed
+        from ops.forensics import show
+
+        try:
+            print(show(state_dir_for(args), args.incident))
+        except FileNotFoundError as err:
+            raise CliError(str(err)) from None
+        return 0
     info = ready_workers(provider_for(args))
     path = f'{REMOTE_ROOT}/"{LOG_FILES[args.file]}"'
     command = f"tail -n {args.lines} {'-F' if args.follow else ''} {path}"
@@ -181,13 +227,12 @@ def watch_config(args: argparse.Namespace) -> WatchConfig:
         max_failures=args.max_failures,
         ready_deadline=d["ready"],
         backoff_base=args.backoff,
+        capacity_backoff=d["capacity"],
     )
 
 
 def journal_path(args: argparse.Namespace) -> Path:
-    if args.journal:
-        return Path(args.journal)
-    return ROOT / ".tpupod" / "journals" / f"{args.stack}.jsonl"
+    return Path(args.journal) if args.journal else state_dir(args.stack) / "journal.jsonl"
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -195,10 +240,13 @@ def cmd_watch(args: argparse.Namespace) -> int:
     describe(provider)  # an unknown or undeployed stack fails here, in one line
     console = Console()
     path = journal_path(args)
-    console.print(f"watching stack {args.stack}; journal {path}; Ctrl-C to stop", style="dim")
-    watcher = Watcher(provider, Journal(path, console), watch_config(args))
+    from ops.remote_watch import watch_with_lease  # journal, incident and lease in the bucket
+
     try:
-        return watcher.run()
+        return watch_with_lease(
+            provider, watch_config(args), path, console,
+            holder=args.holder, ttl=args.lease_ttl, observe_only=args.observe,
+        )  # fmt: skip
     except ProviderError as err:
         raise CliError(str(err)) from None
 
@@ -216,7 +264,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=os.environ.get("TPUPOD_STACK", LOCAL),
         help="Pulumi stack (stacks/Pulumi.<stack>.yaml) or `local` [$TPUPOD_STACK, local]",
     )
-    stack.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
+    stack.add_argument(
+        "--spec",
+        type=Path,
+        help="the stack's node spec (`pulumi stack output node_spec --json`), where there is "
+        "no Pulumi CLI; read once from Pulumi and cached otherwise",
+    )
+    stack.add_argument(
+        "--pod-dir", type=Path, help="the local pod's directory [$TPUPOD_POD_DIR, .tpupod]"
+    )
 
     status = subparsers.add_parser(
         "status", parents=[stack], help="slice state and every worker's trainer"
@@ -228,6 +284,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     logs.add_argument("--follow", "-f", action="store_true", help="keep following")
     logs.add_argument("--lines", "-n", type=int, default=50, help="lines from the end")
     logs.add_argument("--file", choices=sorted(LOG_FILES), default="trainer")
+    logs.add_argument(
+        "--watcher", action="store_true", help="the watcher's journal (from the bucket)"
+    )
+    logs.add_argument(
+        "--incident", type=int, help="hang forensics of incident N (stacks + log tail, per worker)"
+    )
     logs.set_defaults(func=cmd_logs)
 
     subparsers.add_parser(
@@ -242,7 +304,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.add_argument("--max-failures", type=int, default=3, help="failure restarts allowed")
     watch.add_argument("--poll", type=float, default=0.5, help="seconds between observations")
     watch.add_argument("--backoff", type=float, default=2.0, help="first backoff (s), doubling")
-    watch.add_argument("--journal", help="JSON-lines journal [.tpupod/journals/STACK.jsonl]")
+    watch.add_argument(
+        "--holder", help="lease holder id (a service sets a stable one) [$TPUPOD_WATCH_HOLDER]"
+    )
+    watch.add_argument("--lease-ttl", type=float, help="seconds a lease lives unrenewed")
+    watch.add_argument(
+        "--observe", action="store_true", help="never act: print the acting watcher's journal"
+    )
+    watch.add_argument(
+        "--journal",
+        help="JSON-lines journal; incident.json goes beside it [.tpupod/ops/STACK/journal.jsonl]",
+    )
     watch.set_defaults(func=cmd_watch)
 
     demo = subparsers.add_parser(

@@ -1,5 +1,6 @@
-"""`tpupod demo`: a 2-worker local pod trains, is preempted (with notice) and hangs, recovers
-through `watch`, and its final weights are compared with an uninterrupted run of the same job.
+"""`tpupod demo`: a 2-worker local pod trains, is preempted (with notice; its first recreate
+meets a stockout) and hangs, recovers through `watch` and the TPU API exactly as on GCP, and its
+final weights are compared with an uninterrupted run of the same job.
 
 The uninterrupted reference runs afterwards in the same pod, over SSH, with the job's own
 trainer.env (same venv, config, seed, process count and devices) and only the workdir changed:
@@ -15,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import quote
 
 from rich.console import Console
@@ -22,12 +24,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ops.cli import CliError
+from ops.incident import IncidentStore
 from ops.journal import Journal
-from ops.providers import ROOT
+from ops.provider import ProviderError
 from ops.recovery import Limits, Probe
+from ops.target import ROOT, local_target
+from ops.tpu import TpuProvider
 from ops.watch import WatchConfig, Watcher
 from ops.workers import ROOT as REMOTE_ROOT
-from ops.workers import WorkerGroup
+from ops.workers import WorkerGroup, as_root
 
 REFERENCE_PREFIX = "runs/reference"
 NOTICE_S = 60.0  # SIGTERM -> SIGKILL; the trainer exits once its save is committed
@@ -47,7 +52,12 @@ def demo_config(hang: float = 10.0) -> WatchConfig:
     limits = Limits(hang=hang, start=300.0, stall=400.0, bootstrap=600.0, ssh=60.0,
                     preempt_grace=NOTICE_S + 15)  # fmt: skip
     return WatchConfig(limits=limits, poll=0.5, max_failures=3, ready_deadline=180.0,
-                       backoff_base=1.0)  # fmt: skip
+                       backoff_base=1.0, capacity_backoff=1.0)  # fmt: skip
+
+
+def pod_provider(pod_dir) -> TpuProvider:
+    """The one provider, pointed at the local pod's TPU API through its endpoints.json."""
+    return TpuProvider(local_target(pod_dir))
 
 
 @dataclass
@@ -56,6 +66,7 @@ class Fault:
     at_step: int
     inject: Callable[[object], object]  # LocalPod -> anything
     label: str
+    then: Callable[[object], object] | None = None  # also, right after the injection
 
 
 @dataclass
@@ -84,6 +95,8 @@ class FaultPlan:
         if settled and min(steps) >= fault.at_step:
             try:
                 fault.inject(self.pod)
+                if fault.then is not None:
+                    fault.then(self.pod)
             except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
                 watcher.journal.event("error", f"fault injection deferred: {err}")
                 return
@@ -94,17 +107,21 @@ class FaultPlan:
 
 
 def demo_faults(steps: int) -> list[Fault]:
+    """A preemption with notice whose first recreate meets a stockout, then a hang."""
     return [
         Fault("preemption", int(steps * 0.3), lambda pod: pod.preempt(NOTICE_S, wait=False),
-              f"preemption with {NOTICE_S:g}s notice"),
+              f"preemption with {NOTICE_S:g}s notice, then a stockout on the first recreate",
+              then=lambda pod: pod.inject_stockout(1)),
         Fault("hang", int(steps * 0.65), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
     ]  # fmt: skip
 
 
-def read_object(pod_info, path: str) -> dict | None:
-    url = pod_info.pod.get("emulator_url")
-    bucket = pod_info.pod.get("bucket")
-    if not url or not bucket:
+def read_object(pod_dir, path: str) -> dict | None:
+    """A JSON object from the pod's bucket (its GCS emulator, as named in endpoints.json)."""
+    try:
+        endpoints = json.loads((Path(pod_dir) / "endpoints.json").read_text())
+        url, bucket = endpoints["storage"].rstrip("/"), endpoints["bucket"]
+    except (OSError, ValueError, KeyError):
         return None
     obj = quote(path, safe="")
     try:
@@ -116,13 +133,16 @@ def read_object(pod_info, path: str) -> dict | None:
         return None
 
 
-def run_reference(pod, console: Console) -> tuple[dict | None, float]:
-    info = pod.describe()
-    started = time.time()
-    command = REFERENCE_COMMAND.replace("BUCKET", info.pod.get("bucket", "tpupod-local"))
-    from ops.providers.local import LocalProvider
+def reference_command(pod_dir) -> str:
+    """As root, like the trainer itself: it writes its status and log under $TPUPOD_ROOT."""
+    bucket = json.loads((Path(pod_dir) / "endpoints.json").read_text())["bucket"]
+    return as_root(REFERENCE_COMMAND.replace("BUCKET", bucket))
 
-    workers = LocalProvider(pod).describe().workers
+
+def run_reference(pod, console: Console) -> tuple[dict | None, float]:
+    started = time.time()
+    command = reference_command(pod.paths.root)
+    workers = pod_provider(pod.paths.root).describe().workers
     with (
         console.status("uninterrupted reference run (same trainer.env, fresh workdir)"),
         WorkerGroup(workers, retries=0) as group,
@@ -132,7 +152,7 @@ def run_reference(pod, console: Console) -> tuple[dict | None, float]:
     if bad:
         console.print(f"reference run failed on worker {bad[0].index} (exit {bad[0].exited})")
         return None, time.time() - started
-    return read_object(info, f"{REFERENCE_PREFIX}/summary.json"), time.time() - started
+    return read_object(pod.paths.root, f"{REFERENCE_PREFIX}/summary.json"), time.time() - started
 
 
 def report(console, events, injected, summary, reference, wall, ref_wall) -> bool:
@@ -162,6 +182,8 @@ def report(console, events, injected, summary, reference, wall, ref_wall) -> boo
             + f"resumed at step {res.get('step')} in {res.get('recovery_s', 0):.1f}s, "
             f"{res.get('steps_lost')} steps lost",
         )
+    stockouts = sum(e["event"] == "stockout" for e in events)
+    table.add_row("stockouts on recreate", f"{stockouts} (retried; not a preemption or failure)")
     table.add_row("steps lost (total)", str(sum(e.get("steps_lost", 0) for e in resumed)))
     fp = (summary or {}).get("params_fingerprint", "missing")
     table.add_row("final params_fingerprint", str(fp))
@@ -173,7 +195,6 @@ def report(console, events, injected, summary, reference, wall, ref_wall) -> boo
 def run_demo(args: argparse.Namespace) -> int:
     from localpod.pod import LocalPod
     from localpod.state import PodError
-    from ops.providers.local import LocalProvider
 
     console = Console()
     steps, preset = args.steps, args.preset
@@ -184,29 +205,32 @@ def run_demo(args: argparse.Namespace) -> int:
     job = f"--config {preset} --steps {steps} --set checkpoint_every=10"
     pod = LocalPod(pod_dir, workers=2, trainer_args=job)
     journal_file = pod.paths.root / "journal.jsonl"
+    store = IncidentStore(pod.paths.root / "incident.json")
     started = time.time()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with console.status("bringing up a 2-worker local pod") as status:
             pod.up(progress=status.update)
         journal_file.unlink(missing_ok=True)
+        store.clear()
         plan = FaultPlan(demo_faults(steps), pod)
         columns = [TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn()]  # fmt: skip
         with Progress(*columns, console=console) as progress:
             plan.progress, plan.task = progress, progress.add_task(preset, total=steps)
             journal = Journal(journal_file, progress.console)
-            code = Watcher(LocalProvider(pod), journal, demo_config(), on_poll=plan).run()
+            provider = pod_provider(pod.paths.root)
+            code = Watcher(provider, journal, demo_config(), on_poll=plan, store=store).run()
         if code != 0:
             console.print(f"[red]watch ended with {code}[/red]; journal {journal_file}")
             return code
-        summary = read_object(pod.describe(), "runs/local/summary.json")
+        summary = read_object(pod.paths.root, "runs/local/summary.json")
         reference, ref_wall = run_reference(pod, console)
         equal = report(console, journal.events, plan.injected, summary, reference,
                        time.time() - started, ref_wall)  # fmt: skip
         console.print(f"journal: {journal_file}", style="dim")
         return 0 if equal else 1
-    except PodError as err:
+    except (PodError, ProviderError) as err:
         raise CliError(str(err)) from None
     finally:
         with console.status("tearing the pod down"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,22 @@ STYLES = {
     "done": "bold green",
     "gave_up": "bold red",
     "error": "red",
+    "stockout": "yellow",
 }
 
 
 class Journal:
     """Appends events to `path` (None: terminal only) and echoes them to `console`."""
 
-    def __init__(self, path: str | Path | None, console: Console | None = None):
+    def __init__(
+        self,
+        path: str | Path | None,
+        console: Console | None = None,
+        sink: Callable[[dict[str, Any]], None] | None = None,
+    ):
         self.path = Path(path) if path else None
         self.console = console
+        self.sink = sink  # e.g. ops.remote_state.RemoteState.append: the bucket's copy
         self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         if self.path is not None:
@@ -45,12 +53,19 @@ class Journal:
             if self.path is not None:
                 with self.path.open("a") as out:
                     out.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        if self.sink is not None:
+            self.sink(record)
         if self.console is not None:
-            stamp = time.strftime("%H:%M:%S", time.localtime(record["time"]))
-            style = STYLES.get(name, "")
-            text = f"{stamp} {name:<12} {message}"
-            self.console.print(text, style=style, markup=False, highlight=False)
+            echo(self.console, record)
         return record
+
+
+def echo(console: Console, record: dict[str, Any], prefix: str = "") -> None:
+    """One terminal line for one event (also for events read back from the bucket)."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.get("time", 0)))
+    name = str(record.get("event", ""))
+    text = f"{prefix}{stamp} {name:<12} {record.get('message', '')}"
+    console.print(text, style=STYLES.get(name, ""), markup=False, highlight=False)
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:

@@ -1,21 +1,23 @@
-"""The ops -> provider seam: describe, recreate, delete. GCP and the local pod implement it.
+"""What ops knows about a slice: the TPU node's state and how to reach each worker.
 
-Everything above this interface (Fabric layer, status, watch, demo) is shared by both.
+`ops.tpu.TpuProvider` (the only provider) fills these from the Cloud TPU API, on GCP and against
+the local pod's copy of that API alike; everything above it (Fabric layer, status, watch, demo)
+reads only these types.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
 
 
 class SliceState(StrEnum):
-    """TPU API node states (google.cloud.tpu_v2.Node.State), plus MISSING and UNKNOWN."""
+    """google.cloud.tpu_v2.Node.State names, plus MISSING (no node) and UNKNOWN (a newer one)."""
 
     CREATING = "CREATING"
     READY = "READY"
     RESTARTING = "RESTARTING"
+    REIMAGING = "REIMAGING"
     REPAIRING = "REPAIRING"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
@@ -23,6 +25,9 @@ class SliceState(StrEnum):
     PREEMPTED = "PREEMPTED"
     TERMINATED = "TERMINATED"
     DELETING = "DELETING"
+    HIDING = "HIDING"
+    HIDDEN = "HIDDEN"
+    UNHIDING = "UNHIDING"
     MISSING = "MISSING"
     UNKNOWN = "UNKNOWN"
 
@@ -38,15 +43,21 @@ class SliceState(StrEnum):
 
 @dataclass(frozen=True)
 class Worker:
-    """How to reach one worker over SSH."""
+    """How to reach one worker over SSH, all of it from the live node.
+
+    `host` is what paramiko connects to (and looks the host key up under): the guest-attribute
+    instance name behind an IAP ProxyCommand, or the internal IP when connecting directly.
+    """
 
     index: int
     host: str
     port: int = 22
     user: str | None = None
     key_filename: str | None = None
-    # An SSH ProxyCommand (GCP through IAP); None to connect directly.
-    proxy_command: str | None = None
+    proxy_command: str | None = None  # an SSH ProxyCommand (IAP); None to connect directly
+    instance: str | None = None  # guest attribute `hostname` (t1v-n-<id>-w-<i>)
+    host_key: str | None = None  # base64 ssh-ed25519 public key from guest attributes
+    internal_ip: str | None = None
 
 
 @dataclass
@@ -57,18 +68,5 @@ class SliceInfo:
     detail: str | None = None
 
 
-class Provider(Protocol):
-    """A slice that ops can look at and replace."""
-
-    name: str
-
-    def describe(self) -> SliceInfo: ...
-
-    def recreate(self) -> None:
-        """Delete the slice if it exists, then create it again; returns once creation started."""
-
-    def delete(self) -> None: ...
-
-
 class ProviderError(Exception):
-    """A provider cannot act: the message is one line saying what to install or run."""
+    """The TPU API cannot be used: the message is one line saying what to fix."""

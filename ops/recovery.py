@@ -30,10 +30,14 @@ SLICE_ACTIONS: dict[SliceState, SliceAction] = {
     SliceState.REPAIRING: SliceAction.WAIT,
     SliceState.STOPPING: SliceAction.WAIT,
     SliceState.DELETING: SliceAction.WAIT,
+    SliceState.REIMAGING: SliceAction.WAIT,
+    SliceState.HIDING: SliceAction.WAIT,
+    SliceState.UNHIDING: SliceAction.WAIT,
     SliceState.UNKNOWN: SliceAction.WAIT,
     SliceState.READY: SliceAction.CHECK_WORKERS,
-    # A spot node cannot be restarted: declared state is "running", so Pulumi replaces it.
+    # A spot node cannot be restarted: watch deletes it and creates it again from the spec.
     SliceState.STOPPED: SliceAction.RECREATE,
+    SliceState.HIDDEN: SliceAction.RECREATE,
     SliceState.PREEMPTED: SliceAction.RECREATE,
     SliceState.TERMINATED: SliceAction.RECREATE,
     SliceState.MISSING: SliceAction.RECREATE,
@@ -100,8 +104,6 @@ INCIDENT_KINDS = {
     WorkerCondition.UNREACHABLE: "unreachable",
     WorkerCondition.STARTING: "start-timeout",
 }
-# States that end a wait for READY early: the new slice failed or was taken again.
-GONE_AGAIN = {SliceState.TERMINATED, SliceState.PREEMPTED}
 
 # `trainer.exit` -> condition (anything else is a failure).
 EXIT_CONDITIONS: dict[int, WorkerCondition] = {

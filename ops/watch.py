@@ -1,31 +1,40 @@
-"""`tpupod watch`: the recovery loop. Observe -> `ops.recovery.decide` -> one handler per action.
+"""`tpupod watch`: the recovery loop. Each poll does one of two things, both table-driven:
+- no recovery step pending: observe (node + one probe per worker) -> `ops.recovery.decide`
+  -> one handler per action (which opens or advances an incident);
+- a recovery step pending: observe what that phase waits for -> `ops.phases.advance` -> one
+  short step (issue a delete or create, journal a milestone, restart the trainer).
 
-Every event goes to the journal (JSON lines, for the goodput report) and one line to the terminal.
-Preemptions are free; failure restarts (crash, hang, broken bootstrap) are bounded by a budget.
+Every event goes to the journal (JSON lines, for the goodput report) and one line to the
+terminal; the incident and the budgets go to `incident.json` beside it at every change.
+Preemptions are free; failure restarts (crash, hang, broken bootstrap) are bounded by a budget;
+stockouts on create have a budget of their own.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict
 
+from ops.forensics import capture_hang
+from ops.incident import Incident, IncidentStore, WatchState
 from ops.journal import Journal
-from ops.provider import Provider, ProviderError, SliceState
+from ops.phases import OBSERVES, Phase
+from ops.provider import ProviderError
 from ops.recovery import (
-    GONE_AGAIN,
     INCIDENT_KINDS,
     NOTICE_HEALTH,
     SLICE_ACTIONS,
     Action,
     Decision,
-    Limits,
     Probe,
     SliceAction,
     WorkerCondition,
     backoff,
     decide,
 )
+from ops.steps import GiveUp, RecoverySteps, WatchConfig
+from ops.tpu import Stockout, TpuProvider
 from ops.workers import WorkerError, WorkerGroup
 from trainer.status import TrainerState
 
@@ -33,65 +42,59 @@ RESUMED_STATES = {TrainerState.TRAINING, TrainerState.SAVING, TrainerState.DONE}
 MAX_PROVIDER_ERRORS = 5
 
 
-@dataclass
-class WatchConfig:
-    limits: Limits = field(default_factory=Limits)
-    poll: float = 0.5
-    max_failures: int = 3  # F: failure restarts before watch gives up
-    ready_deadline: float = 1800.0  # recreate -> READY
-    backoff_base: float = 2.0
-    backoff_cap: float = 60.0
-    ssh_retries: int = 3
-    failure_stop_timeout: float = 5.0  # SIGTERM -> SIGKILL for crashed or hung trainers
-
-
-@dataclass
-class Incident:
-    kind: str
-    reason: str
-    detected_at: float
-    step: int  # the last step seen before the event
-    phases: dict[str, float] = field(default_factory=dict)
-
-
-class GiveUp(Exception):
-    """The failure budget is spent; the message is the reason."""
-
-
-class Watcher:
+class Watcher(RecoverySteps):
     def __init__(
         self,
-        provider: Provider,
+        provider: TpuProvider,
         journal: Journal,
         config: WatchConfig | None = None,
         on_poll: Callable[[Watcher, list[Probe]], None] | None = None,
+        store: IncidentStore | None = None,
     ):
         self.provider, self.journal = provider, journal
         self.config = config or WatchConfig()
         self.on_poll = on_poll  # the demo injects faults and draws progress from here
-        self.failures = self.preemptions = self.recreate_attempts = 0
-        self.since = time.time()  # the last (re)start: older trainer files are stale
+        self.store = store or IncidentStore(None)
+        self.state = self.store.load() or WatchState(since=time.time())
         self.first_seen: dict[str, float] = {}
-        self.incident: Incident | None = None
-        self.last_step = 0
         self.group: WorkerGroup | None = None
         self._endpoints: tuple = ()
         self._provider_errors = 0
         self._progress: dict[int, tuple] = {}
+        self._saved: dict | None = None
+        self.guard: Callable[[], None] | None = None  # each poll: e.g. renew the lease (ops.lease)
+
+    # The persisted state, under the names the demo and the benchmarks read.
+    since = property(lambda s: s.state.since, lambda s, v: setattr(s.state, "since", v))
+    incident = property(lambda s: s.state.incident)
+    failures = property(lambda s: s.state.failures)
+    preemptions = property(lambda s: s.state.preemptions)
+    last_step = property(lambda s: s.state.last_step)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
         self.journal.event("watching", f"stack {self.provider.name}", stack=self.provider.name)
+        inc = self.incident
+        if inc is not None and inc.open:
+            self.journal.event(
+                "continuing", f"{inc.kind} incident, {inc.phase}", kind=inc.kind, phase=inc.phase
+            )
         try:
             while True:
+                if self.guard is not None:
+                    self.guard()  # raises when this watcher may no longer act
                 code = self.step()
+                self._save()
                 if code is not None:
+                    self.store.clear()
                     return code
                 time.sleep(self.config.poll)
         except GiveUp as err:
             self.journal.event("gave_up", str(err), failures=self.failures)
+            self.store.clear()
             return 1
         except KeyboardInterrupt:
+            self._save()
             self.journal.event("interrupted", "stopped by the user; the slice keeps running")
             raise
         finally:
@@ -103,7 +106,13 @@ class Watcher:
             self.group = None
 
     def step(self) -> int | None:
-        """One observation and the action the table picks for it."""
+        """One observation and the one step the tables pick for it."""
+        inc = self.incident
+        if inc is not None and inc.open and inc.phase in OBSERVES:
+            self._drive(inc)
+            if self.on_poll is not None:
+                self.on_poll(self, [])
+            return None
         info = self._describe()
         if info is None:
             return None
@@ -120,7 +129,7 @@ class Watcher:
             self.on_poll(self, probes)
         return HANDLERS[decision.action](self, decision, probes)
 
-    # -- handlers, one per action --------------------------------------------------------------
+    # -- observation handlers, one per action --------------------------------------------------
     def _wait(self, decision: Decision, probes: list[Probe]) -> None:
         if decision.condition is WorkerCondition.PREEMPTED:
             self._detect("preemption", decision.reason)  # notice seen before the node went away
@@ -129,51 +138,41 @@ class Watcher:
 
     def _recreate(self, decision: Decision, probes: list[Probe], failure: bool = False) -> None:
         kind = INCIDENT_KINDS.get(decision.condition, "preemption")
-        # 1. record the event (once per incident) and charge the right budget
-        self._detect(kind, decision.reason)
+        inc = self._detect(kind, decision.reason)
         if failure:
             self._charge(decision.reason)
         else:
-            self.preemptions += 1
-        # 2. back off between failed attempts, then delete + create the slice again
-        self.recreate_attempts += 1
+            self.state.preemptions += 1
+        self._enter(inc, Phase.PENDING_RECREATE)
         cfg = self.config
-        time.sleep(backoff(self.recreate_attempts - 1, cfg.backoff_base, cfg.backoff_cap))
-        self.close()
-        started = time.time()
-        try:
-            self.provider.recreate()
-        except ProviderError as err:
-            self.journal.event("error", f"recreate failed: {err}")
-            return
-        self._phase("recreated", started, f"slice {self.provider.name} recreated")
-        # 3. wait for READY within the deadline
-        info = self._await(lambda i: i.state is SliceState.READY, self.config.ready_deadline)
-        if info is None:
-            self.journal.event("error", "slice not READY before the deadline; recreating again")
-            return
-        self._phase("ready", started, f"slice READY ({len(info.workers)} workers)")
-        self.since = time.time()
-        self.first_seen.clear()
-        # 4. verify the bootstrap on every worker (it starts the trainer at its end)
-        probes = self._await_bootstrap(info.workers)
-        if probes is not None:
-            self._phase("bootstrapped", started, "bootstrap ok on every worker")
-            self.recreate_attempts = 0
+        inc.not_before = time.time() + backoff(inc.attempts, cfg.backoff_base, cfg.backoff_cap)
+        self._drive(inc)  # issues the delete at once unless backing off
 
     def _rebuild(self, decision: Decision, probes: list[Probe]) -> None:
         self._recreate(decision, probes, failure=True)
 
     def _restart(self, decision: Decision, probes: list[Probe], failure: bool = True) -> None:
         kind = INCIDENT_KINDS.get(decision.condition, "crash")
-        # 1. record, 2. charge the failure budget (gives up past F), 3. back off
-        self._detect(kind, decision.reason)
-        if failure:
-            self._charge(decision.reason)
-            time.sleep(backoff(self.failures, self.config.backoff_base, self.config.backoff_cap))
-        # 4. stop-all, clear-locks-all, start-all: every worker together
+        inc = self._detect(kind, decision.reason)
+        capture_hang(self, inc)  # a hang's stacks, before the restart destroys them
+        if not failure:
+            self._restart_trainer(failure=False)
+            return
+        self._charge(decision.reason)
+        self._enter(inc, Phase.PENDING_RESTART)
+        cfg = self.config
+        inc.not_before = time.time() + backoff(self.failures, cfg.backoff_base, cfg.backoff_cap)
+        self._drive(inc)
+
+    def _resume(self, decision: Decision, probes: list[Probe]) -> None:
+        self._restart(decision, probes, failure=False)
+
+    def _restart_trainer(self, failure: bool) -> None:
+        """stop-all, clear-locks-all, start-all: every worker together."""
+        inc = self.incident
         group = self._workers(None)
-        started = time.time()
+        inc.started = started = time.time()
+        self._enter(inc, Phase.AWAITING_RESUME)
         try:
             stop = self.config.failure_stop_timeout if failure else None
             group.trainerctl("stop", timeout=180.0, stop_timeout=stop)
@@ -185,9 +184,6 @@ class Watcher:
             self.journal.event("error", f"restart failed: {err}")
             return
         self._phase("restarted", started, "trainer restarted on every worker")
-
-    def _resume(self, decision: Decision, probes: list[Probe]) -> None:
-        self._restart(decision, probes, failure=False)
 
     def _finish(self, decision: Decision, probes: list[Probe]) -> int:
         if self._recovering():
@@ -201,14 +197,16 @@ class Watcher:
         return 0
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def _detect(self, kind: str, reason: str) -> None:
+    def _detect(self, kind: str, reason: str) -> Incident:
         if self._recovering():
-            return  # the same incident, still being recovered
-        self.incident = Incident(kind, reason, time.time(), self.last_step)
+            return self.incident  # the same incident, still being recovered
+        now = time.time()
+        self.state.incident = Incident(kind, reason, now, self.last_step, phase_since=now)
         self.journal.event("detected", f"{kind}: {reason}", kind=kind, step=self.last_step)
+        return self.state.incident
 
     def _recovering(self) -> bool:
-        return self.incident is not None and "resumed" not in self.incident.phases
+        return self.incident is not None and self.incident.open
 
     def _charge(self, reason: str) -> None:
         if self.failures >= self.config.max_failures:
@@ -216,7 +214,7 @@ class Watcher:
                 f"giving up after {self.failures} failure restarts "
                 f"(budget {self.config.max_failures}); last: {reason}"
             )
-        self.failures += 1
+        self.state.failures += 1
 
     def _phase(self, name: str, started: float, message: str) -> None:
         now = time.time()
@@ -232,8 +230,9 @@ class Watcher:
         inc = self.incident
         restored = min((p.status.restored_from or 0) for p in probes if p.status)
         inc.phases["resumed"] = now = time.time()
+        self._enter(inc, Phase.WATCHING)
         lost = max(0, inc.step - restored)
-        self.last_step = restored
+        self.state.last_step = restored
         self.journal.event(
             "resumed",
             f"resumed at step {restored} after {inc.kind}: {lost} steps lost, "
@@ -256,7 +255,7 @@ class Watcher:
             p.progress_age = now - last[1]
         for p in probes:
             if p.status is not None and p.status.heartbeat >= self.since:
-                self.last_step = max(self.last_step, p.status.step)
+                self.state.last_step = max(self.last_step, p.status.step)
         if self.incident is not None and not self.incident.phases:
             self.incident.step = max(self.incident.step, self.last_step)  # steps until it died
 
@@ -267,18 +266,30 @@ class Watcher:
     def _waited(self, key: str) -> float:
         return time.time() - self.first_seen.get(str(key), time.time())
 
-    def _describe(self):
+    def _save(self) -> None:
+        snapshot = asdict(self.state)
+        if snapshot != self._saved:
+            self.store.save(self.state)
+            self._saved = snapshot
+
+    def _api(self, call):
+        """A TPU API call; a failure is journaled and retried next poll (None), up to a limit."""
         try:
-            info = self.provider.describe()
+            result = call()
+        except Stockout:
+            raise
         except ProviderError as err:
             self._provider_errors += 1
             if self._provider_errors >= MAX_PROVIDER_ERRORS:
                 raise
-            self.journal.event("error", f"describe failed: {err}")
+            self.journal.event("error", f"TPU API: {err}")
             time.sleep(backoff(self._provider_errors, self.config.backoff_base))
             return None
         self._provider_errors = 0
-        return info
+        return result
+
+    def _describe(self):
+        return self._api(self.provider.describe)
 
     def _workers(self, workers) -> WorkerGroup:
         """The SSH group for the current endpoints; rebuilt when they change."""
@@ -288,34 +299,6 @@ class Watcher:
             self._endpoints = key
             self.group = WorkerGroup(key, retries=self.config.ssh_retries)
         return self.group
-
-    def _await(self, done, deadline: float):
-        """Polls describe() until `done`; None past the deadline or when the slice died again."""
-        end = time.time() + deadline
-        while time.time() < end:
-            info = self._describe()
-            if info is not None and done(info):
-                return info
-            if info is not None and info.state in GONE_AGAIN:
-                return None
-            time.sleep(self.config.poll)
-        return None
-
-    def _await_bootstrap(self, workers) -> list[Probe] | None:
-        end = time.time() + self.config.limits.bootstrap
-        group = self._workers(workers)
-        while time.time() < end:
-            info = self._describe()
-            if info is not None and info.state is not SliceState.READY:
-                return None  # preempted again while booting: the main loop recreates
-            probes = group.probe()
-            states = {p.bootstrap_state for p in probes if p.reachable}
-            if len(states) == 1 and states == {"ok"} and all(p.reachable for p in probes):
-                return probes
-            if "failed" in states:
-                return None  # the main loop sees BOOTSTRAP_FAILED and rebuilds
-            time.sleep(self.config.poll)
-        return None
 
 
 HANDLERS: dict[Action, Callable[..., int | None]] = {

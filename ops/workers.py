@@ -1,13 +1,18 @@
 """The Fabric layer: every worker of a slice at once, over SSH, with retries.
 
-One `ThreadingGroup` per call over persistent connections (on GCP through an IAP ProxyCommand or
-internal IPs, loopback in the local pod). Transient SSH failures (connection errors, gcloud's exit
+One `ThreadingGroup` per call over persistent connections, like `gcloud compute tpus tpu-vm ssh`:
+through an IAP ProxyCommand to each worker's instance name, or to its internal IP. Host keys are
+pinned to the ones the TPU API publishes in guest attributes (paramiko's RejectPolicy: an unknown
+or different key is refused). Commands that change state run as root through `sudo -n` when the
+login user is not root, as on a TPU VM. Transient SSH failures (connection errors, gcloud's exit
 255) are retried with exponential backoff on the failed workers only.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import shlex
 import socket
 import time
 from collections.abc import Iterable
@@ -15,13 +20,27 @@ from dataclasses import dataclass
 
 from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
+from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
 
 from ops.provider import Worker
 from ops.recovery import Probe
 from trainer.status import TrainerStatus
 
 ROOT = '"${TPUPOD_ROOT:-/var/lib/tpupod}"'
-TRAINERCTL = f"{ROOT}/current/bootstrap/trainerctl.sh"
+# trainerctl as root: directly when the login is root, else through passwordless sudo.
+SUDO_TRAINERCTL = (
+    'R={root}; if [ "$(id -u)" = 0 ]; then AS=; else AS="sudo -n"; fi; '
+    '$AS env TPUPOD_ROOT="$R" {env}"$R/current/bootstrap/trainerctl.sh" {verb}'
+)
+# Any script as root, the same way (`bash -c`, the script quoted once).
+AS_ROOT = (
+    'R={root}; if [ "$(id -u)" = 0 ]; then AS=; else AS="sudo -n"; fi; '
+    '$AS env TPUPOD_ROOT="$R" bash -c {script}'
+)
+SUDO_REFUSED = (
+    "worker {index}: user {user} cannot run trainerctl as root (passwordless sudo refused); "
+    "grant roles/compute.osAdminLogin (OS Login) or add {user} to sudoers"
+)
 SSH_EXIT = 255  # ssh / gcloud's own failure: retryable
 # One round trip per worker: every file the recovery table needs, in sections.
 PROBE_SCRIPT = f"""R={ROOT}
@@ -51,6 +70,7 @@ class Outcome:
     stdout: str = ""
     stderr: str = ""
     error: str | None = None
+    fatal: bool = False  # a refused host key: retrying cannot help
 
     @property
     def ok(self) -> bool:
@@ -73,15 +93,19 @@ class WorkerGroup:
         self.retries, self.backoff = retries, backoff
         self.command_timeout = command_timeout
         config = Config(overrides={"run": {"in_stream": False}, "load_ssh_configs": False})
+        self.by_index = {w.index: w for w in self.workers}
         self.connections = {
-            w.index: Connection(
-                w.host,
-                user=w.user,
-                port=w.port,
-                config=config,
-                gateway=w.proxy_command,
-                connect_timeout=connect_timeout,
-                connect_kwargs=_connect_kwargs(w),
+            w.index: pinned(
+                Connection(
+                    w.host,
+                    user=w.user,
+                    port=w.port,
+                    config=config,
+                    gateway=w.proxy_command,
+                    connect_timeout=connect_timeout,
+                    connect_kwargs=_connect_kwargs(w),
+                ),
+                w,
             )
             for w in self.workers
         }
@@ -130,14 +154,19 @@ class WorkerGroup:
         for cxn, res in results.items():
             index = by_cxn[cxn]
             if isinstance(res, BaseException):
-                outcomes[index] = Outcome(index, None, error=_describe(res))
+                worker = self.by_index[index]
+                fatal = _host_key_refused(res)
+                outcomes[index] = Outcome(index, None, error=_describe(res, worker), fatal=fatal)
             else:
                 outcomes[index] = Outcome(index, res.exited, res.stdout, res.stderr)
         return outcomes
 
     def check(self, command: str, what: str, timeout: float | None = None) -> dict[int, Outcome]:
         """Like run, but every worker must succeed (else WorkerError naming the failures)."""
-        outcomes = self.run(command, timeout=timeout)
+        return self._checked(self.run(command, timeout=timeout), what)
+
+    @staticmethod
+    def _checked(outcomes: dict[int, Outcome], what: str) -> dict[int, Outcome]:
         bad = [o for o in outcomes.values() if not o.ok]
         if bad:
             detail = "; ".join(
@@ -151,9 +180,15 @@ class WorkerGroup:
     def trainerctl(
         self, verb: str, timeout: float | None = None, stop_timeout: float | None = None
     ) -> dict[int, Outcome]:
-        """`stop_timeout`: seconds from SIGTERM to SIGKILL (a hung trainer never saves)."""
-        env = f"TPUPOD_STOP_TIMEOUT={int(stop_timeout)} " if stop_timeout is not None else ""
-        return self.check(f"{env}{TRAINERCTL} {verb}", f"trainerctl {verb}", timeout=timeout)
+        """As root (the trainer's unit is root's); `stop_timeout`: seconds from SIGTERM to
+        SIGKILL (a hung trainer never saves). A refused sudo is one line naming the fix."""
+        outcomes = self.run(trainerctl_command(verb, stop_timeout), timeout=timeout)
+        refused = [o for o in outcomes.values() if not o.ok and sudo_refused(o.stderr)]
+        if refused:
+            o = refused[0]
+            user = self.by_index[o.index].user or "the login user"
+            raise WorkerError(SUDO_REFUSED.format(index=o.index, user=user))
+        return self._checked(outcomes, f"trainerctl {verb}")
 
     def restart(self, stop_timeout: float = 120.0) -> None:
         """Stop on every worker, clear stale locks everywhere, then start everywhere: no worker
@@ -212,6 +247,35 @@ def parse_probe(outcome: Outcome) -> Probe:
     )
 
 
+def trainerctl_command(verb: str, stop_timeout: float | None = None) -> str:
+    env = f"TPUPOD_STOP_TIMEOUT={int(stop_timeout)} " if stop_timeout is not None else ""
+    return SUDO_TRAINERCTL.format(root=ROOT, env=env, verb=verb)
+
+
+def as_root(script: str) -> str:
+    """`script` run by bash as root on the worker: directly as root, else through `sudo -n`."""
+    return AS_ROOT.format(root=ROOT, script=shlex.quote(script))
+
+
+def sudo_refused(stderr: str) -> bool:
+    """sudo's own refusals ("sudo: a password is required", "...: sudo: command not found")."""
+    return any(
+        line.startswith("sudo:") or line.endswith("sudo: command not found")
+        for line in (ln.strip() for ln in (stderr or "").splitlines())
+    )
+
+
+def pinned(cxn: Connection, worker: Worker) -> Connection:
+    """Only the guest-attribute host key is accepted, under the name paramiko looks it up by
+    (`host` on port 22, `[host]:port` otherwise); Fabric's default AutoAddPolicy is replaced."""
+    cxn.client.set_missing_host_key_policy(RejectPolicy())
+    if worker.host_key:
+        name = worker.host if worker.port == 22 else f"[{worker.host}]:{worker.port}"
+        key = Ed25519Key(data=base64.b64decode(worker.host_key))
+        cxn.client.get_host_keys().add(name, key.get_name(), key)
+    return cxn
+
+
 def _connect_kwargs(worker: Worker) -> dict:
     kwargs: dict = {"banner_timeout": 30, "auth_timeout": 30}
     if worker.key_filename:
@@ -220,12 +284,26 @@ def _connect_kwargs(worker: Worker) -> dict:
 
 
 def _transient(outcome: Outcome) -> bool:
-    return outcome.exited is None or outcome.exited == SSH_EXIT
+    return not outcome.fatal and (outcome.exited is None or outcome.exited == SSH_EXIT)
 
 
-def _describe(err: BaseException) -> str:
+def _host_key_refused(err: BaseException) -> bool:
+    return isinstance(err, BadHostKeyException) or (
+        isinstance(err, SSHException) and "not found in known_hosts" in str(err)
+    )
+
+
+def _describe(err: BaseException, worker: Worker) -> str:
     if isinstance(err, socket.timeout | TimeoutError):
         return "timed out"
+    if isinstance(err, BadHostKeyException):
+        return (
+            f"host key of {worker.host} does not match the one in the node's guest attributes "
+            f"(got ...{err.key.get_base64()[-8:]}, expected ...{(worker.host_key or '')[-8:]}): "
+            "refused; a different machine answered, or the node was recreated (describe again)"
+        )
+    if _host_key_refused(err):
+        return f"{worker.host}: no host key in the node's guest attributes: refused"
     return f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
 
 

@@ -92,7 +92,7 @@ def via_localpod(tmp: Path, timeout: float) -> list[dict]:
     try:
         info = pod.up()
         boots = {w.index: process_start_unix(w.agent_pid) for w in info.workers}
-        roots = {i: pod.paths.home(i) / "tpupod" for i in boots}
+        roots = {i: pod.paths.tpupod_root(i) for i in boots}
         return report(roots, boots, wait_first_steps(roots, timeout))
     finally:
         pod.down()

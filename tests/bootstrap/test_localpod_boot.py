@@ -37,8 +37,14 @@ RERUN = (
 )
 
 
-def ssh(worker: WorkerInfo, command: str, env: dict[str, str] | None = None):
-    """As ops reaches a worker: Fabric, key auth only. Returns the fabric Result (no raise)."""
+def ssh(worker: WorkerInfo, command: str, env: dict[str, str] | None = None, root: bool = False):
+    """As ops reaches a worker: Fabric, key auth only, as the unprivileged login; `root` runs
+    the command through the worker's `sudo -n` (with `env`), as the startup script runs as root.
+    Returns the fabric Result (no raise)."""
+    if root:
+        assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        command = f"sudo -n env {assigns} bash -c {shlex.quote(command)}"
+        env = None
     prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
     with fabric.Connection(
         worker.host,
@@ -150,7 +156,7 @@ def changed_metadata(pod: LocalPod, **changes: str | None):
 
 
 def roots_of(pod: LocalPod) -> list[Path]:
-    return [pod.paths.home(i) / "tpupod" for i in range(pod.workers)]
+    return [pod.paths.tpupod_root(i) for i in range(pod.workers)]
 
 
 def test_local_pod_boots_both_workers_to_training(local_pod):
@@ -178,7 +184,7 @@ def test_local_pod_rerun_over_ssh_changes_nothing(local_pod):
     pids = [(root / "trainer.pid").read_text().strip() for root in roots]
     bundles = [sorted(p.name for p in (root / "bundles").iterdir()) for root in roots]
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(ssh, workers, [RERUN] * 2))
+        results = list(pool.map(ssh, workers, [RERUN] * 2, [None] * 2, [True] * 2))
     for result, root in zip(results, roots, strict=True):
         assert result.ok, result.stdout + result.stderr
         sync = phase_lines(result.stdout, "sync")
@@ -214,7 +220,7 @@ def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
         # Both workers at once: a multi-host job stops as a whole.
         env = [{"GCE_METADATA_HOST": h, "TPUPOD_STOP_TIMEOUT": "30"} for h in hosts]
         with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(ssh, info.workers, [RERUN] * 2, env))
+            results = list(pool.map(ssh, info.workers, [RERUN] * 2, env, [True] * 2))
     for i, (result, root) in enumerate(zip(results, roots, strict=True)):
         assert result.ok, result.stdout + result.stderr
         assert os.readlink(root / "current") == f"bundles/{new.sha256}"
@@ -236,7 +242,7 @@ def test_local_pod_metadata_without_bucket_names_the_phase(local_pod):
     worker, root = local_pod.describe().workers[0], roots_of(local_pod)[0]
     pid = (root / "trainer.pid").read_text()
     with changed_metadata(local_pod, **{"tpupod-bucket": None}) as hosts:
-        result = ssh(worker, RERUN, {"GCE_METADATA_HOST": hosts[0]})
+        result = ssh(worker, RERUN, {"GCE_METADATA_HOST": hosts[0]}, root=True)
     assert not result.ok
     boot = read(root / "bootstrap.json")
     assert boot["state"] == "failed" and boot["phase"] == "metadata"

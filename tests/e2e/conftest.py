@@ -1,7 +1,8 @@
 """Shared e2e fixtures: an emulator-backed 2-worker local pod in a tmp dir, always torn down.
 
-The pod boots a small stand-in startup script (not bootstrap/startup.sh) that reads its metadata
-and detaches a fake trainer with setsid + pidfile, the way trainerctl.sh does on the local pod.
+The pod boots a small stand-in startup script (not bootstrap/startup.sh) that reads its metadata,
+detaches a fake trainer with setsid + pidfile, the way trainerctl.sh does on the local pod, and
+reports its bootstrap ok.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fabric
+import paramiko
 import pytest
 
 from localpod.pod import LocalPod, WorkerInfo
@@ -23,6 +25,7 @@ number=$(md instance/attributes/agent-worker-number)
 setsid bash -c 'echo $$ > "$TPUPOD_ROOT/trainer.pid"; exec sleep 3600' </dev/null >/dev/null 2>&1 &
 while [ ! -s "$TPUPOD_ROOT/trainer.pid" ]; do sleep 0.05; done
 echo "$number" > "$TPUPOD_ROOT/booted"
+echo '{"state": "ok", "phase": "trainer"}' > "$TPUPOD_ROOT/bootstrap.json"
 """
 
 
@@ -79,8 +82,9 @@ def booted() -> Callable[[LocalPod], None]:
 
 
 def connect(worker: WorkerInfo) -> fabric.Connection:
-    """Exactly how ops reaches a TPU worker: Fabric, key auth, no agent, no default keys."""
-    return fabric.Connection(
+    """As ops reaches a TPU worker: Fabric, key auth, no agent, no default keys, and only the
+    host key the pod published (its known_hosts, beside keys/) accepted."""
+    conn = fabric.Connection(
         worker.host,
         port=worker.port,
         user=worker.user,
@@ -91,6 +95,9 @@ def connect(worker: WorkerInfo) -> fabric.Connection:
             "allow_agent": False,
         },
     )
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    conn.client.load_host_keys(str(Path(worker.key_filename).parents[1] / "known_hosts"))
+    return conn
 
 
 def run(worker: WorkerInfo, command: str) -> str:

@@ -1,5 +1,6 @@
-"""`tpupod demo` with few steps: a preemption with notice and a hang on a real local pod, recovered
-by watch, final weights bitwise equal to an uninterrupted run (the demo exits 0 only then)."""
+"""`tpupod demo` with few steps: a preemption with notice (its first recreate meets a stockout) and
+a hang on a real local pod, recovered by watch through the pod's TPU API, final weights bitwise
+equal to an uninterrupted run (the demo exits 0 only then)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def test_demo_recovers_with_no_lost_steps_and_equal_weights(tmp_path, capsys):
     print(f"preemption detected {latency:.2f}s after injection")
     assert latency < 2.0, messages
     assert resumed["preemption"]["steps_lost"] == 0, messages
+    # the first recreate met a stockout: retried after a backoff, charged to neither budget
+    names = [e["event"] for e in events]
+    assert names.count("stockout") == 1 and names.count("recreated") == 1, messages
+    done = next(e for e in events if e["event"] == "done")
+    assert (done["preemptions"], done["failures"]) == (1, 1), messages
     # the hang is found by heartbeat age, then every worker restarts
     assert "heartbeat" in detected["hang"]["message"], messages
     assert "equals uninterrupted run" in out and "yes" in out.split("equals uninterrupted run")[1]

@@ -17,8 +17,8 @@ import pytest
 from infra import metadata
 from localpod import procs, storage
 from localpod.pod import LocalPod
+from ops.demo import pod_provider
 from ops.provider import SliceState
-from ops.providers.local import LocalProvider
 
 pytestmark = pytest.mark.e2e
 
@@ -39,9 +39,10 @@ def test_fabric_runs_a_command_on_each_worker(pod: LocalPod, ssh_run, connect) -
     assert info.state == SliceState.READY and info.health == "HEALTHY"
     assert [w.host for w in info.workers] == [f"127.0.{info.pod['subnet']}.{i}" for i in (1, 2)]
     for worker in info.workers:
-        out = ssh_run(worker, 'echo "$HOME|$TPUPOD_ROOT|$JAX_PLATFORMS|$TPUPOD_LOCAL_POD"').strip()
-        home = Path(info.pod["pod_dir"]) / "workers" / str(worker.index) / "home"
-        assert out == f"{home}|{home}/tpupod|cpu|1"
+        out = ssh_run(worker, 'echo "$USER|$HOME|$TPUPOD_ROOT|$JAX_PLATFORMS|$TPUPOD_LOCAL_POD"')
+        worker_dir = Path(info.pod["pod_dir"]) / "workers" / str(worker.index)
+        home, root = worker_dir / "home", worker_dir / "tpupod"  # TPUPOD_ROOT is root's
+        assert out.strip() == f"{worker.user}|{home}|{root}|cpu|1"
     # Exit codes, stderr, a pty and SFTP behave as on a real sshd.
     with connect(info.workers[1]) as conn:
         failed = conn.run("echo oops >&2; exit 7", hide=True, warn=True, in_stream=False)
@@ -74,7 +75,10 @@ def test_metadata_answers_each_worker_as_itself(pod: LocalPod, ssh_run) -> None:
         url + "instance/hostname", headers={"Metadata-Flavor": "Google"}
     )
     with urllib.request.urlopen(request, timeout=5) as resp:
-        assert resp.read().decode() == "tpupod-local-w-1"
+        endpoints = pod.endpoints()
+        zone, project = endpoints["zone"], endpoints["project"]
+        expected = f"{info.workers[1].hostname}.{zone}.c.{project}.internal"
+        assert resp.read().decode() == expected
 
 
 def test_bucket_object_written_by_one_worker_is_read_by_the_other(pod: LocalPod, ssh_run) -> None:
@@ -123,7 +127,7 @@ def test_preempt_leaves_no_worker_process_then_recreate(pod: LocalPod, booted, s
     assert info.preempted
     assert [p.pid for p in before if procs.alive(p.pid, p.start)] == []
 
-    provider = LocalProvider(pod)
+    provider = pod_provider(pod.paths.root)
     provider.recreate()
     info = pod.wait_for({SliceState.READY}, timeout=60)
     assert not info.preempted and all(w.alive for w in info.workers)

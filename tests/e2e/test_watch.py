@@ -1,7 +1,8 @@
-"""`watch` on the local pod: real bootstrap, real trainer, real SSH and signals.
+"""`watch` on the local pod through its TPU API: real bootstrap, real trainer, real SSH, signals.
 
-The preemption-with-notice, hang and bitwise-equal-weights scenario is `tpupod demo`
-(tests/e2e/test_demo.py); here: a preemption with no notice, a crash, and the failure budget.
+The preemption-with-notice (whose first recreate meets a stockout), hang and bitwise-equal-weights
+scenario is `tpupod demo` (tests/e2e/test_demo.py); here: a preemption with no notice, a crash,
+and the failure budget.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import pytest
 from rich.console import Console
 
 from localpod.pod import LocalPod
-from ops.demo import Fault, FaultPlan
+from ops.demo import Fault, FaultPlan, pod_provider
 from ops.journal import Journal
-from ops.providers.local import LocalProvider
 from ops.recovery import Limits
 from ops.watch import WatchConfig, Watcher
 
@@ -49,7 +49,7 @@ def make_pod(tmp_path: Path) -> Iterator:
 def watch(pod: LocalPod, cfg: WatchConfig, faults: list[Fault], path: Path):
     journal = Journal(path, Console(stderr=True))
     plan = FaultPlan(faults, pod)
-    code = Watcher(LocalProvider(pod), journal, cfg, on_poll=plan).run()
+    code = Watcher(pod_provider(pod.paths.root), journal, cfg, on_poll=plan).run()
     return code, journal.events, plan.injected
 
 

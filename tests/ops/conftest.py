@@ -27,6 +27,11 @@ class LoopbackSSHD:
         self._server = None
         self.commands: list[str] = []
 
+    @property
+    def host_key(self) -> str:
+        """The base64 public host key, as guest attributes publish it."""
+        return self._host_key.export_public_key("openssh").decode().split()[1]
+
     def start(self) -> LoopbackSSHD:
         if not self._thread.is_alive():
             self._thread.start()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
+import json
+import signal
+import socket
 import threading
 
 import pytest
 
 from ops.cli import build_parser, main
 from ops.journal import Journal, read
-from ops.providers import ROOT
-from ops.providers.gcp import GcpProvider
+from ops.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
+from ops.tpu import TpuProvider
 from ops.watch import WatchConfig, Watcher
 
 
@@ -19,23 +21,41 @@ def test_every_command_is_registered_once():
     assert {"status", "logs", "restart", "watch", "demo", "local"} <= names
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """Cached stack outputs and incidents go to a tmp dir, never the repo's .tpupod/."""
+    monkeypatch.setenv("TPUPOD_STATE_DIR", str(tmp_path / "state"))
+
+
 @pytest.mark.parametrize("command", ["status", "logs", "restart", "watch"])
 def test_unknown_stack_is_one_line_naming_the_stacks(command, capsys):
     assert main([command, "--stack", "v9-9999"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unknown stack 'v9-9999'" in err and "v4-32" in err
-    assert "pulumi up --stack v9-9999" in err
+    assert "pulumi stack init v9-9999" in err
 
 
 @pytest.mark.parametrize("command", ["status", "watch"])
 def test_gcp_stack_without_pulumi_says_what_to_install(command, capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main([command, "--stack", "v4-32"]) == 2
+    assert capsys.readouterr().err.strip() == f"tpupod: {PULUMI_MISSING}"
+
+
+def test_spec_file_errors_and_missing_credentials_are_one_line(capsys, monkeypatch, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"node_id": "n"}')
+    assert main(["status", "--stack", "v4-32", "--spec", str(spec)]) == 2
+    assert "needs `parent`, `node_id` and `node`" in capsys.readouterr().err
+    spec.write_text(json.dumps({"parent": "projects/p/locations/z", "node_id": "n", "node": {}}))
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # no metadata server here: do not wait for one
+    monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud application-default credentials
+    assert main(["status", "--stack", "v4-32", "--spec", str(spec)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (
-        "tpupod: the Pulumi CLI is not installed: install it "
-        "(curl -fsSL https://get.pulumi.com | sh), then run `pulumi login`"
-    )
+    assert err.startswith("tpupod: no Google credentials: run `gcloud auth application-default")
+    assert "\n" not in err
 
 
 def test_local_stack_without_a_pod_says_what_to_run(capsys, tmp_path):
@@ -54,21 +74,38 @@ def test_journal_is_json_lines_with_wall_time(tmp_path):
 
 
 def test_watch_is_interruptible_and_leaks_no_threads(tmp_path):
-    """Ctrl-C inside a provider call: the loop journals it, closes SSH and re-raises (exit 130
-    in `ops.cli.main`)."""
-    calls = []
+    """Ctrl-C inside a TPU API call (a server that never answers): the loop journals it, keeps
+    the incident file and re-raises (exit 130 in `ops.cli.main`)."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
+    target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
+                    api_endpoint=f"http://127.0.0.1:{port}", anonymous=True)  # fmt: skip
+    journal = Journal(tmp_path / "j.jsonl")
+    watcher = Watcher(TpuProvider(target), journal, WatchConfig())
+    before = threading.active_count()
 
-    def interrupted_gcloud(argv, cwd):
-        calls.append(argv)
-        if argv[0] == "pulumi":
-            return subprocess.CompletedProcess(argv, 0, '{"tpu_urn": "u", "tpu_name": "n", '
-                                               '"zone": "z", "project": "p"}', "")  # fmt: skip
+    def interrupt(*_):
         raise KeyboardInterrupt
 
-    before = threading.active_count()
-    journal = Journal(tmp_path / "j.jsonl")
-    watcher = Watcher(GcpProvider("v4-32", ROOT, runner=interrupted_gcloud), journal, WatchConfig())
-    with pytest.raises(KeyboardInterrupt):
-        watcher.run()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            watcher.run()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        silent.close()
     assert [e["event"] for e in journal.events] == ["watching", "interrupted"]
     assert watcher.group is None and threading.active_count() <= before
+
+
+def test_stack_outputs_cached_beside_the_journal_need_no_pulumi(capsys, monkeypatch, tmp_path):
+    spec = {"parent": "projects/p/locations/z", "node_id": "tpupod-v4-32", "node": {}}
+    write_atomic(tmp_path / "state" / "v4-32" / "target.json", {"node_spec": spec})
+    monkeypatch.setenv("PATH", "/nonexistent")  # no pulumi, no gcloud
+    target = load_target("v4-32")
+    assert (target.project, target.zone, target.node) == ("p", "z", "tpupod-v4-32")
+    assert target.ssh.via == "iap" and target.api_endpoint is None and not target.anonymous
+    assert target.ssh.iap_command.startswith("gcloud compute start-iap-tunnel {instance} 22")

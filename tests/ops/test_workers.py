@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -16,7 +17,8 @@ from trainer.status import StatusFile, TrainerState
 
 def workers_of(servers):
     return [
-        Worker(i, "127.0.0.1", s.port, "tpupod", str(s.key_file)) for i, s in enumerate(servers)
+        Worker(i, "127.0.0.1", s.port, "tpupod", str(s.key_file), host_key=s.host_key)
+        for i, s in enumerate(servers)
     ]
 
 
@@ -77,6 +79,17 @@ def test_unreachable_worker_is_reported_not_raised(pod):
         p0, p1 = group.probe()
     assert p0.reachable and not p1.reachable and p1.error
     assert judge_worker(p1, 0, Limits()).condition is WorkerCondition.UNREACHABLE
+
+
+def test_a_worker_without_a_published_host_key_is_refused(pod):
+    workers = [dataclasses.replace(w, host_key=None) for w in workers_of(pod)]
+    with WorkerGroup(workers, retries=2, backoff=5) as group:
+        p0, _ = group.probe()  # refused at once: no retry, no backoff
+    assert (
+        not p0.reachable
+        and p0.error == "127.0.0.1: no host key in the node's guest attributes: refused"
+    )
+    assert pod[0].commands == []
 
 
 def test_no_threads_or_connections_leak(pod):

@@ -1,0 +1,73 @@
+"""The pod's own calls to its Cloud TPU API, made with Google's client exactly as ops makes them.
+
+google-cloud-tpu over REST with anonymous credentials at the pod's `tpu_api`; imported lazily
+because the client library takes a second or two to import.
+"""
+
+from __future__ import annotations
+
+import json
+
+from localpod.state import PodError
+
+POLL_INITIAL_S = 0.1
+POLL_MAXIMUM_S = 1.0
+
+
+def client(endpoints: dict):
+    """A TpuClient for the pod whose endpoints.json is `endpoints`."""
+    import google.auth.credentials
+    from google.cloud import tpu_v2
+
+    return tpu_v2.TpuClient(
+        transport="rest",
+        credentials=google.auth.credentials.AnonymousCredentials(),
+        client_options={"api_endpoint": endpoints["tpu_api"].rstrip("/")},
+    )
+
+
+def _wait(operation, timeout: float | None, what: str):
+    """The operation's result within `timeout` (None: do not wait); errors as PodError."""
+    from google.api_core import exceptions
+    from google.api_core.future import polling
+
+    if timeout is None:
+        return None
+    fast = polling.DEFAULT_POLLING.with_delay(initial=POLL_INITIAL_S, maximum=POLL_MAXIMUM_S)
+    try:
+        return operation.result(timeout=timeout, polling=fast)
+    except exceptions.GoogleAPICallError as err:
+        raise PodError(f"{what} failed: {err.message}") from None
+    except TimeoutError:
+        raise PodError(f"{what} not done after {timeout:.0f} s") from None
+
+
+def create_node(endpoints: dict, spec: dict, timeout: float | None):
+    """nodes.create from a node spec (Contract 2); the Node once READY when waiting."""
+    from google.api_core import exceptions
+    from google.cloud import tpu_v2
+
+    node = tpu_v2.Node.from_json(json.dumps(spec["node"]))
+    try:
+        operation = client(endpoints).create_node(
+            parent=spec["parent"], node_id=spec["node_id"], node=node
+        )
+    except exceptions.GoogleAPICallError as err:
+        raise PodError(f"cannot create node {spec['node_id']}: {err.message}") from None
+    return _wait(operation, timeout, f"create of node {spec['node_id']}")
+
+
+def delete_node(endpoints: dict, timeout: float | None) -> None:
+    """nodes.delete of the pod's node, whatever its name; PodError when there is none."""
+    from google.api_core import exceptions
+
+    tpu = client(endpoints)
+    parent = f"projects/{endpoints['project']}/locations/{endpoints['zone']}"
+    try:
+        nodes = list(tpu.list_nodes(parent=parent))
+        if not nodes:
+            raise PodError("cannot delete: there is no node")
+        operation = tpu.delete_node(name=nodes[0].name)
+    except exceptions.GoogleAPICallError as err:
+        raise PodError(f"cannot delete: {err.message}") from None
+    _wait(operation, timeout, f"delete of {nodes[0].name}")

@@ -1,0 +1,322 @@
+"""projects.locations.nodes and .operations of the pod's Cloud TPU v2 API, as Google defines them.
+
+Backed by the pod's one `Slice`: a node exists while the slice does, and create / delete are
+long-running operations that finish when the slice reaches READY / MISSING. Field names, enum
+values and operation shapes follow google.cloud.tpu_v2; `localpod.tpu_api` serves this over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+import time
+from datetime import UTC, datetime
+
+from localpod.environment import accelerator_type
+from localpod.metadata_server import PROJECT_ID, ZONE, Node
+from localpod.slice import Slice
+from localpod.state import PodError, SliceState
+
+NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
+EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
+METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+NODE_PORT = 8470  # networkEndpoints[].port on Cloud TPU
+STOCKOUT_DELAY_S = 0.2  # a stockout is reported by the operation, a moment after the call
+STOCKOUT = (
+    'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU '
+    "Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{eid}]"
+)
+# google.rpc.Code names -> HTTP status, as Google's REST front end maps them.
+HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+}
+RPC_CODE = {"RESOURCE_EXHAUSTED": 8, "INTERNAL": 13}
+# Node fields a request may set; the output-only ones are ignored, as Google does.
+INPUT_FIELDS = frozenset((
+    "description", "acceleratorType", "runtimeVersion", "networkConfig", "networkConfigs",
+    "serviceAccount", "schedulingConfig", "labels", "metadata", "tags", "dataDisks",
+    "shieldedInstanceConfig", "acceleratorConfig", "multisliceNode",
+))  # fmt: skip
+OUTPUT_ONLY = frozenset((
+    "name", "state", "healthDescription", "cidrBlock", "createTime", "networkEndpoints", "health",
+    "id", "apiVersion", "symptoms", "queuedResource",
+))  # fmt: skip
+NODE_ID = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+# Where a state's detail is worth telling the client (healthDescription).
+TELL_DETAIL = {SliceState.PREEMPTED, SliceState.TERMINATED}
+
+
+class ApiError(Exception):
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+    def body(self) -> dict:
+        code = HTTP_STATUS[self.status]
+        return {"error": {"code": code, "message": self.message, "status": self.status}}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _copy(operation: dict) -> dict:
+    """A deep copy to serve (the original changes when the operation finishes)."""
+    return json.loads(json.dumps(operation))
+
+
+def _gce_node(node_id: str, request: dict) -> dict:
+    """What the workers' metadata server tells about the node (tpu-env, service account)."""
+    scheduling = request.get("schedulingConfig") or {}
+    account = request.get("serviceAccount") or {}
+    default = Node()
+    return {
+        "node_id": node_id,
+        "runtime_version": request.get("runtimeVersion", ""),
+        "preemptible": bool(scheduling.get("spot") or scheduling.get("preemptible")),
+        "service_account": account.get("email") or default.service_account,
+        "scopes": list(account.get("scope") or default.scopes),
+    }
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class TpuService:
+    """projects.locations.nodes and .operations for one pod: at most one node, its slice."""
+
+    def __init__(self, slice_: Slice, layout: dict) -> None:
+        self.slice = slice_
+        self.layout = layout
+        self.accelerator = accelerator_type(len(layout["addresses"]), layout["devices_per_worker"])
+        self._lock = threading.RLock()
+        self._node: dict | None = None  # {"id", "name", "createTime", "request"}
+        self._operations: dict[str, dict] = {}
+        self._stockouts = 0
+
+    # -- names -------------------------------------------------------------------------------
+    def _location(self, project: str, zone: str, listing: bool = False) -> str:
+        if project not in (PROJECT_ID, "1234"):
+            raise ApiError(
+                "PERMISSION_DENIED", f'Permission denied on resource project "{project}".'
+            )
+        if zone != ZONE and not (listing and zone == "-"):
+            raise ApiError(
+                "NOT_FOUND", f'Location "projects/{project}/locations/{zone}" not found.'
+            )
+        return f"projects/{PROJECT_ID}/locations/{ZONE}"
+
+    def _live(self, name: str | None = None) -> dict | None:
+        """The node record if a node exists (and has `name`, when given)."""
+        with self._lock:
+            node = self._node
+        if node is None or self.slice.state == SliceState.MISSING:
+            return None
+        return node if name is None or node["name"] == name else None
+
+    def _found(self, project: str, zone: str, node_id: str) -> dict:
+        name = f"{self._location(project, zone)}/nodes/{node_id}"
+        node = self._live(name)
+        if node is None:
+            raise ApiError("NOT_FOUND", f'Resource "{name}" was not found.')
+        return node
+
+    # -- nodes -------------------------------------------------------------------------------
+    def node_json(self, node: dict) -> dict:
+        view = self.slice.describe()
+        state = SliceState(view["state"])
+        if state == SliceState.MISSING:  # deleted since the caller looked it up
+            state = SliceState.DELETING
+        out = {
+            **node["request"],
+            "name": node["name"],
+            "id": node["id"],
+            "createTime": node["createTime"],
+            "apiVersion": "V2",
+            "state": str(state),
+            "cidrBlock": f"127.0.{self.layout['subnet']}.0/24",
+            "networkEndpoints": [
+                {"ipAddress": address, "port": NODE_PORT} for address in self.layout["addresses"]
+            ],
+        }
+        if view["health"]:
+            out["health"] = view["health"]
+        if view["detail"] and (state in TELL_DETAIL or view["health"] not in (None, "HEALTHY")):
+            out["healthDescription"] = view["detail"]
+        return out
+
+    def list_nodes(self, project: str, zone: str) -> dict:
+        self._location(project, zone, listing=True)
+        node = self._live()
+        return {"nodes": [self.node_json(node)]} if node else {}
+
+    def get_node(self, project: str, zone: str, node_id: str) -> dict:
+        return self.node_json(self._found(project, zone, node_id))
+
+    def create_node(self, project: str, zone: str, node_id: str | None, body: dict) -> dict:
+        parent = self._location(project, zone)
+        if not node_id or not NODE_ID.fullmatch(node_id):
+            raise ApiError(
+                "INVALID_ARGUMENT",
+                f"nodeId {node_id!r} is invalid: lowercase letters, digits and hyphens, "
+                "starting with a letter, at most 63 characters.",
+            )
+        request = self._validate(body)
+        name = f"{parent}/nodes/{node_id}"
+        with self._lock:
+            current = self._live()
+            if current is not None:
+                raise ApiError("ALREADY_EXISTS", f'Resource "{current["name"]}" already exists.')
+            operation = self._new_operation(name, "create")
+            if self._stockouts:
+                self._stockouts -= 1
+                timer = threading.Timer(STOCKOUT_DELAY_S, self._stockout, [operation])
+                timer.daemon = True
+                timer.start()
+                return _copy(operation)
+            node = {
+                "id": str(secrets.randbelow(8 * 10**18) + 10**18),
+                "name": name,
+                "createTime": _now(),
+                "request": request,
+            }
+            self.slice.store.set_node(**_gce_node(node_id, request))
+            try:
+                self.slice.create(
+                    request.get("metadata", {}), on_done=lambda: self._created(operation, node)
+                )
+            except PodError as err:
+                del self._operations[operation["name"]]
+                raise ApiError("FAILED_PRECONDITION", str(err)) from None
+            self._node = node
+            return _copy(operation)
+
+    def _validate(self, body: dict) -> dict:
+        """The request's Node with Google's checks: known names, string maps, our accelerator."""
+        if not isinstance(body, dict):
+            raise ApiError("INVALID_ARGUMENT", "Invalid JSON payload received: expected a Node.")
+        request = {}
+        for key, value in body.items():
+            field = _camel(key)
+            if field in OUTPUT_ONLY:
+                continue
+            if field not in INPUT_FIELDS:
+                raise ApiError(
+                    "INVALID_ARGUMENT",
+                    f"Invalid JSON payload received. Unknown name \"{key}\" at 'node': "
+                    "Cannot find field.",
+                )
+            request[field] = value
+        for field in ("metadata", "labels"):
+            value = request.get(field, {})
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise ApiError("INVALID_ARGUMENT", f"node.{field} must map strings to strings.")
+        accelerator = request.get("acceleratorType")
+        if accelerator != self.accelerator:
+            raise ApiError(
+                "INVALID_ARGUMENT",
+                f"node.acceleratorType {accelerator!r} is not offered in zone {ZONE}: "
+                f"this pod's workers make {self.accelerator!r}.",
+            )
+        return request
+
+    def delete_node(self, project: str, zone: str, node_id: str) -> dict:
+        node = self._found(project, zone, node_id)
+        with self._lock:
+            operation = self._new_operation(node["name"], "delete")
+        try:
+            self.slice.delete(on_done=lambda: self._deleted(operation, node))
+        except PodError as err:
+            with self._lock:
+                del self._operations[operation["name"]]
+            raise ApiError("FAILED_PRECONDITION", str(err)) from None
+        with self._lock:
+            return _copy(operation)
+
+    def guest_attributes(self, project: str, zone: str, node_id: str, body: dict) -> dict:
+        self._found(project, zone, node_id)
+        instances = self.slice.describe()["instances"]
+        count = len(self.layout["addresses"])
+        wanted = [str(w) for w in body.get("workerIds") or range(count)]
+        if any(not w.isdigit() or int(w) >= count for w in wanted):
+            raise ApiError("INVALID_ARGUMENT", f"workerIds {wanted} out of range 0..{count - 1}.")
+        query = body.get("queryPath") or ""
+        entries = []
+        for worker in map(int, wanted):
+            items = []
+            if worker < len(instances):
+                instance = instances[worker]
+                items = [
+                    {"namespace": "", "key": "hostname", "value": instance["hostname"]},
+                    {"namespace": "hostkeys", "key": "ssh-ed25519", "value": instance["host_key"]},
+                ]
+            items = [
+                i for i in items if f"{i['namespace']}/{i['key']}".lstrip("/").startswith(query)
+            ]
+            entries.append({"queryPath": query, "queryValue": {"items": items}})
+        return {"guestAttributes": entries}
+
+    def inject_stockout(self, count: int = 1) -> int:
+        """The next `count` creates fail with RESOURCE_EXHAUSTED; returns how many are pending."""
+        with self._lock:
+            self._stockouts += count
+            return self._stockouts
+
+    # -- operations --------------------------------------------------------------------------
+    def _new_operation(self, target: str, verb: str) -> dict:
+        parent = target.split("/nodes/")[0]
+        stamp = f"{time.time_ns() // 10**6}-{secrets.token_hex(6)}"
+        operation = {
+            "name": f"{parent}/operations/operation-{stamp}",
+            "metadata": {
+                "@type": METADATA_TYPE,
+                "createTime": _now(),
+                "target": target,
+                "verb": verb,
+                "cancelRequested": False,
+                "apiVersion": "v2",
+            },
+            "done": False,
+        }
+        self._operations[operation["name"]] = operation
+        return operation
+
+    def _finish(self, operation: dict, result: dict) -> None:
+        with self._lock:
+            operation["metadata"]["endTime"] = _now()
+            operation.update(result, done=True)
+
+    def _created(self, operation: dict, node: dict) -> None:
+        view = self.slice.describe()
+        if view["state"] == SliceState.READY:
+            self._finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
+        else:
+            message = view["detail"] or f"node is {view['state']}"
+            self._finish(operation, {"error": {"code": RPC_CODE["INTERNAL"], "message": message}})
+
+    def _deleted(self, operation: dict, node: dict) -> None:
+        with self._lock:
+            if self._node is node:
+                self._node = None
+        self._finish(operation, {"response": {"@type": EMPTY_TYPE}})
+
+    def _stockout(self, operation: dict) -> None:
+        message = STOCKOUT.format(zone=ZONE, eid=secrets.token_hex(8))
+        code = RPC_CODE["RESOURCE_EXHAUSTED"]
+        self._finish(operation, {"error": {"code": code, "message": message}})
+
+    def get_operation(self, project: str, zone: str, operation_id: str) -> dict:
+        name = f"{self._location(project, zone)}/operations/{operation_id}"
+        with self._lock:
+            operation = self._operations.get(name)
+            if operation is None:
+                raise ApiError("NOT_FOUND", f'Resource "{name}" was not found.')
+            return _copy(operation)

@@ -1,0 +1,81 @@
+"""The incident being recovered and the budgets, persisted beside the journal (`incident.json`).
+
+Written atomically at every phase change, so a `watch` that is stopped and started again (or a
+second machine taking over) continues the incident: it polls the create operation already issued
+instead of creating the node twice, and keeps counting against the same budgets.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ops.phases import Phase
+from ops.target import write_atomic
+
+
+@dataclass
+class Incident:
+    kind: str
+    reason: str
+    detected_at: float
+    step: int  # the last step seen before the event
+    phases: dict[str, float] = field(default_factory=dict)  # milestone -> wall time
+    phase: Phase = Phase.WATCHING
+    phase_since: float = 0.0  # when `phase` began: its deadline counts from here
+    not_before: float = 0.0  # the end of a backoff (PENDING_* and AWAITING_CAPACITY)
+    operation: str | None = None  # the pending delete/create operation's name
+    started: float = 0.0  # when the current recreate or restart began
+    attempts: int = 0  # recreate attempts in this incident (backoff)
+    stockouts: int = 0  # creates refused for capacity in this incident
+
+    @property
+    def open(self) -> bool:
+        return "resumed" not in self.phases
+
+
+@dataclass
+class WatchState:
+    """Everything `watch` must not forget across a restart."""
+
+    failures: int = 0
+    preemptions: int = 0
+    since: float = 0.0  # the last (re)start of the trainer: older trainer files are stale
+    last_step: int = 0
+    incident: Incident | None = None
+
+
+def state_from_dict(raw: dict) -> WatchState | None:
+    """incident.json's content (a file here, an object in the bucket: ops.remote_state)."""
+    try:
+        raw = dict(raw)
+        inc = raw.pop("incident", None)
+        state = WatchState(**raw)
+        if inc:
+            inc["phase"] = Phase(inc.get("phase", Phase.WATCHING))
+            state.incident = Incident(**inc)
+        return state
+    except (ValueError, TypeError):
+        return None  # from another version: start afresh
+
+
+class IncidentStore:
+    def __init__(self, path: Path | str | None):
+        self.path = Path(path) if path else None
+
+    def load(self) -> WatchState | None:
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            return state_from_dict(json.loads(self.path.read_text()))
+        except ValueError:
+            return None
+
+    def save(self, state: WatchState) -> None:
+        if self.path is not None:
+            write_atomic(self.path, asdict(state))
+
+    def clear(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)

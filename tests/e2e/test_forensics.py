@@ -1,0 +1,128 @@
+"""Hang forensics through the real `watch`: worker 0's trainer hangs inside a known function,
+worker 1's keeps beating; watch detects the hang and, before restarting, stores every worker's
+py-spy stacks and log tail beside the journal, names the files in the journal, and
+`tpupod logs --incident N` prints them.
+
+The pod boots a stand-in startup script (like tests/e2e/conftest.py's) whose "trainer" is a small
+Python script run under a wrapper (`trainer.pid` = the wrapper, as with trainerctl.sh), and whose
+bundle environment has py-spy where a real worker's `.venv` has it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from localpod.pod import LocalPod
+from ops.demo import pod_provider
+from ops.journal import Journal
+from ops.recovery import Limits
+from ops.watch import WatchConfig, Watcher
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+REPO = Path(__file__).resolve().parents[2]
+PY_SPY = Path(sys.executable).with_name("py-spy")
+
+STAND_IN = r"""import json, os, sys, time
+root, worker = os.environ["TPUPOD_ROOT"], int(sys.argv[1])
+def status(step):
+    doc = {"state": "training", "step": step, "pid": os.getpid(), "heartbeat": time.time()}
+    with open(root + "/status.tmp", "w") as f:
+        json.dump(doc, f)
+    os.replace(root + "/status.tmp", root + "/status.json")
+def stuck_in_known_function():
+    status(7)
+    print("step 7: about to wait forever", flush=True)
+    while True:
+        time.sleep(1)
+def beating_normally():
+    step = 7
+    while True:
+        step += 1
+        status(step)
+        time.sleep(0.3)
+stuck_in_known_function() if worker == 0 else beating_normally()
+"""
+
+STARTUP = r"""#!/bin/bash
+set -euo pipefail
+md() { curl -sf -H 'Metadata-Flavor: Google' "http://$GCE_METADATA_HOST/computeMetadata/v1/$1"; }
+number=$(md instance/attributes/agent-worker-number)
+mkdir -p "$TPUPOD_ROOT/current/.venv/bin"
+ln -sf @PY_SPY@ "$TPUPOD_ROOT/current/.venv/bin/py-spy"
+cat > "$TPUPOD_ROOT/stand_in.py" <<'PY'
+@STAND_IN@PY
+setsid bash -c 'echo $$ > "$TPUPOD_ROOT/trainer.pid"
+  @PYTHON@ "$TPUPOD_ROOT/stand_in.py" '"$number"' >> "$TPUPOD_ROOT/trainer.log" 2>&1' \
+  </dev/null >/dev/null 2>&1 &
+while [ ! -s "$TPUPOD_ROOT/status.json" ]; do sleep 0.05; done
+echo '{"state": "ok", "phase": "trainer"}' > "$TPUPOD_ROOT/bootstrap.json"
+"""
+
+
+class Captured(Exception):
+    """Ends the watch loop once the forensics are journaled."""
+
+
+@pytest.mark.skipif(not PY_SPY.exists(), reason="py-spy not installed in this environment")
+def test_a_hang_is_dumped_with_its_stacks_before_the_restart(tmp_path: Path):
+    script = tmp_path / "startup.sh"
+    script.write_text(
+        STARTUP.replace("@PY_SPY@", str(PY_SPY))
+        .replace("@STAND_IN@", STAND_IN)
+        .replace("@PYTHON@", sys.executable)
+    )
+    pod = LocalPod(tmp_path / "pod", workers=2, startup_script=script)
+    state = tmp_path / "state" / "local"
+    journal = Journal(state / "journal.jsonl", Console(stderr=True))
+    limits = Limits(hang=3, start=60, stall=400, bootstrap=60, ssh=30, preempt_grace=30)
+    cfg = WatchConfig(limits=limits, poll=0.5, max_failures=3, backoff_base=30.0)
+    deadline = time.time() + 90
+
+    def until_captured(watcher, probes):
+        if any(e["event"] == "forensics" for e in journal.events):
+            raise Captured
+        assert time.time() < deadline, f"no forensics; journal: {journal.events[-3:]}"
+
+    try:
+        pod.up()
+        watcher = Watcher(pod_provider(pod.paths.root), journal, cfg, on_poll=until_captured)
+        watcher.since = 0.0  # the stand-ins wrote their status before this watch began
+        with pytest.raises(Captured):
+            watcher.run()
+    finally:
+        pod.down()
+
+    detected = next(e for e in journal.events if e["event"] == "detected")
+    assert detected["kind"] == "hang" and "worker 0" in detected["message"]
+    event = next(e for e in journal.events if e["event"] == "forensics")
+    files = [Path(f) for f in event["files"]]
+    assert [f.name for f in files] == ["worker-0.txt", "worker-1.txt"]
+    assert all(str(f) in event["message"] for f in files)
+    assert files[0].parent == state / "incidents" / str(event["incident"])
+    hung, beating = (f.read_text() for f in files)
+    assert "stuck_in_known_function" in hung and "Thread" in hung
+    assert "step 7: about to wait forever" in hung  # the log tail
+    assert "beating_normally" in beating
+    # No restart before the evidence: the forensics line precedes any restart attempt.
+    names = [e["event"] for e in journal.events]
+    assert "restarted" not in names[: names.index("forensics")]
+
+    env = {**os.environ, "TPUPOD_STATE_DIR": str(state.parent)}
+    cli = [sys.executable, "-m", "ops", "logs", "--stack", "local", "--incident"]
+    shown = subprocess.run(
+        [*cli, str(event["incident"])], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "worker-1.txt" in shown.stdout and "stuck_in_known_function" in shown.stdout
+    missing = subprocess.run([*cli, "99"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert "no forensics for incident 99" in missing.stderr
+    assert json.loads((state / "journal.jsonl").read_text().splitlines()[0])["event"]
