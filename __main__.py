@@ -13,6 +13,7 @@ from infra.config import load
 from infra.identity import WorkerIdentity, WorkerIdentityArgs
 from infra.network import Network, NetworkArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
+from infra.watcher import Watcher, WatcherArgs
 
 config = load()  # RunError on any bad key, before a single resource exists
 accelerator = config.accelerator
@@ -40,12 +41,17 @@ bucket = CheckpointBucket(
         labels=labels,
         protect=config.protect_bucket,
         existing=config.existing_bucket is not None,
+        soft_delete_days=config.soft_delete_days,
     ),
 )
 identity = WorkerIdentity(
     "workers",
     WorkerIdentityArgs(
-        account_id=naming.service_account_id(config), project=config.project, bucket=bucket.name
+        account_id=naming.service_account_id(config),
+        project=config.project,
+        bucket=bucket.name,
+        stack=config.stack,
+        read_data=config.data_in_stack_bucket,
     ),
 )
 code = CodeBundle("code", CodeBundleArgs(bucket=bucket.name))
@@ -62,6 +68,7 @@ tpu = TpuSlice(
     "slice",
     TpuSliceArgs(
         name=tpu_name,
+        project=config.project,
         zone=config.resolved_zone,
         accelerator_type=accelerator.api_type,
         runtime_version=config.resolved_runtime_version,
@@ -78,8 +85,34 @@ tpu = TpuSlice(
     opts=pulumi.ResourceOptions(depends_on=[network, identity, code]),
 )
 
+# Recovery off the laptop: a VM in the stack that runs `tpupod watch` (tpupod:watcher: false opts out).
+if config.watcher:
+    watcher = Watcher(
+        "watcher",
+        WatcherArgs(
+            name=naming.gce_name("tpupod", config.stack, "watcher"),
+            account_id=naming.gce_name("tpupod", config.stack)[:23].rstrip("-") + "-watch",
+            project=config.project,
+            zone=config.resolved_zone,
+            stack=config.stack,
+            machine_type=config.watcher_machine_type,
+            subnetwork=network.subnetwork,
+            network=network.network,
+            bucket=bucket.name,
+            worker_service_account=identity.email,
+            worker_tag=naming.network_tag(config),
+            node_spec=tpu.spec,
+            labels=labels,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=[network, code]),
+    )
+    pulumi.export("watcher_instance", watcher.instance_name)
+    pulumi.export("watcher_service_account_email", watcher.email)
+
 pulumi.export("tpu_name", tpu.node.name)
-pulumi.export("tpu_urn", tpu.node.urn)  # ops: `pulumi up --stack S --yes --replace <tpu_urn>`
+pulumi.export("tpu_urn", tpu.node.urn)
+# Contract 2: what `nodes.create` needs to recreate this node without Pulumi (ops `watch`).
+pulumi.export("node_spec", tpu.spec)
 pulumi.export("zone", config.resolved_zone)
 pulumi.export("project", config.project)
 pulumi.export("accelerator_type", accelerator.api_type)

@@ -19,7 +19,8 @@ export TPUPOD_ROOT="${TPUPOD_ROOT:-/var/lib/tpupod}"
 export HOME="${HOME:-/root}"
 export GCE_METADATA_HOST="${GCE_METADATA_HOST:-metadata.google.internal}"
 export UV_CACHE_DIR="${UV_CACHE_DIR:-/var/cache/uv}"
-export TPUPOD_UV_VERSION="${TPUPOD_UV_VERSION:-0.13.9}"
+# Not a knob: the uv pip may install is pinned by version and sha256 in uv_requirements below.
+export TPUPOD_UV_VERSION=0.13.9
 export TPUPOD_PYTHON="${TPUPOD_PYTHON:-3.11}"
 export BOOTSTRAP_JSON="$TPUPOD_ROOT/bootstrap.json"
 export BOOTSTRAP_LOG="$TPUPOD_ROOT/bootstrap.log"
@@ -83,18 +84,25 @@ PY
 
 # md PATH: GET a metadata path (relative to computeMetadata/v1/). Exit 4 when the server says the
 # key does not exist; retries while the server is unreachable (early boot), within the deadline.
+# The body goes through a 0600 file of its own (mktemp): the token is one of these bodies.
 md() {
-  local url="http://$GCE_METADATA_HOST/computeMetadata/v1/$1" code
+  local url="http://$GCE_METADATA_HOST/computeMetadata/v1/$1" code body
   while true; do
+    body=$(mktemp "$BOOTSTRAP_STATE/md.XXXXXX")
     code=$(curl --silent --noproxy '*' --max-time 10 -H 'Metadata-Flavor: Google' \
-      -o "$BOOTSTRAP_STATE/md.body" -w '%{http_code}' "$url") || code=000
+      -o "$body" -w '%{http_code}' "$url") || code=000
     case "$code" in
     200)
-      cat "$BOOTSTRAP_STATE/md.body"
+      cat "$body"
+      rm -f "$body"
       return 0
       ;;
-    404) return 4 ;;
+    404)
+      rm -f "$body"
+      return 4
+      ;;
     esac
+    rm -f "$body"
     echo "metadata server at $GCE_METADATA_HOST answered $code for $1; retrying" >&2
     sleep 2
   done
@@ -138,6 +146,45 @@ uv_recent_enough() {
   [ "$(printf '%s\n%s\n' "$TPUPOD_UV_VERSION" "$1" | sort -V | sed -n 1p)" = "$TPUPOD_UV_VERSION" ]
 }
 
+# uv's wheels on PyPI for the Linux platforms TPU VMs run (manylinux x86_64; aarch64 manylinux
+# 2.17 and 2.28; musllinux for both), by sha256 as PyPI publishes them: pip installs no other
+# bytes. Update version and hashes together, here and in .github/uv-requirements.txt (CI uses
+# that copy; tests/test_workflows.py checks that the two agree).
+uv_requirements() {
+  cat <<'REQUIREMENTS'
+uv==0.13.9 \
+    --hash=sha256:d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19 \
+    --hash=sha256:5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe \
+    --hash=sha256:ecb6028d79dc96fbeafffe5c8af62a7099487ebc05a701e76714eebcffd06375 \
+    --hash=sha256:2c45530751517d6c3bbc69a19473f6effe47cce047bede01ffd8af7ea7b36b25
+REQUIREMENTS
+}
+
+# install_uv DIR: the pinned uv wheel into DIR with pip, hash-checked, or fail the phase naming
+# what is missing. Never a downloaded installer script: nothing here runs unverified code.
+install_uv() {
+  local dir=$1 req="$BOOTSTRAP_STATE/uv-requirements.txt" out="$BOOTSTRAP_STATE/pip.out" rc=0
+  local fix="or put uv >= $TPUPOD_UV_VERSION on PATH"
+  command -v python3 >/dev/null ||
+    die "cannot install uv: no python3 on PATH (install python3 and python3-pip, $fix)"
+  python3 -m pip --version >/dev/null 2>&1 ||
+    die "cannot install uv: python3 has no pip (apt-get install -y python3-pip, $fix)"
+  uv_requirements >"$req"
+  rm -rf "$dir" "$dir.tmp"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+    --no-warn-script-location --require-hashes --no-deps --only-binary :all: \
+    --target "$dir.tmp" -r "$req" >"$out" 2>&1 || rc=$?
+  cat "$out"
+  if [ "$rc" -ne 0 ]; then
+    rm -rf "$dir.tmp"
+    if grep -q 'DO NOT MATCH THE HASHES' "$out"; then
+      die "refusing uv $TPUPOD_UV_VERSION: the wheel pip was served matches no sha256 pinned in startup.sh (a tampered index or mirror?)"
+    fi
+    die "cannot install uv $TPUPOD_UV_VERSION from its hash-pinned wheel (pip exit $rc): make ${PIP_INDEX_URL:-PyPI} reachable, $fix"
+  fi
+  mv -T "$dir.tmp" "$dir"
+}
+
 phase_uv() {
   local have=""
   if command -v uv >/dev/null; then
@@ -146,24 +193,16 @@ phase_uv() {
   if [ -n "$have" ] && uv_recent_enough "$have"; then
     echo "uv $have present at $(command -v uv)"
   else
-    # From PyPI, which the sync phase needs anyway; else astral's installer. $TPUPOD_ROOT/bin
-    # leads PATH (main).
+    # From PyPI, which the sync phase needs anyway. $TPUPOD_ROOT/bin leads PATH (main).
     local dir="$TPUPOD_ROOT/tools/uv-$TPUPOD_UV_VERSION"
     echo "installing uv $TPUPOD_UV_VERSION (found: ${have:-none})"
     mkdir -p "$TPUPOD_ROOT/bin"
-    if PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-      --no-warn-script-location --target "$dir" "uv==$TPUPOD_UV_VERSION"; then
-      ln -sfn "$dir/bin/uv" "$TPUPOD_ROOT/bin/uv"
-    else
-      echo "pip could not install uv; trying the official installer"
-      curl --silent --show-error --fail --location --retry 5 \
-        "https://astral.sh/uv/$TPUPOD_UV_VERSION/install.sh" |
-        env UV_INSTALL_DIR="$dir" UV_NO_MODIFY_PATH=1 sh
-      ln -sfn "$dir/uv" "$TPUPOD_ROOT/bin/uv"
-    fi
+    "$dir/bin/uv" --version >/dev/null 2>&1 || install_uv "$dir"
+    ln -sfn "$dir/bin/uv" "$TPUPOD_ROOT/bin/uv"
     echo "uv $(uv --version | awk '{print $2}') installed at $(command -v uv)"
   fi
-  # TPU images ship Python 3.10; uv finds a recent enough one or downloads a managed one.
+  # TPU images ship Python 3.10; uv finds a recent enough one or downloads a managed one (uv
+  # checks each download against the sha256 it carries for it).
   uv python find "$TPUPOD_PYTHON" >/dev/null 2>&1 || uv python install "$TPUPOD_PYTHON"
   echo "python $TPUPOD_PYTHON at $(uv python find "$TPUPOD_PYTHON")"
 }
@@ -187,8 +226,11 @@ phase_bundle() {
     "$MD_BUNDLE_OBJECT")
   url="${STORAGE_EMULATOR_HOST:-https://storage.googleapis.com}/storage/v1/b/$MD_BUCKET/o/$object?alt=media"
   echo "fetching gs://$MD_BUCKET/$MD_BUNDLE_OBJECT"
-  curl --silent --show-error --fail --location --retry 5 --retry-all-errors --max-time 600 \
-    -H "Authorization: Bearer $token" -o "$tmp/bundle.tar.gz" "$url" ||
+  # The header comes on stdin (`-H @-`, curl >= 7.55), from printf, a builtin: the token is in
+  # no process's argv (/proc/*/cmdline is world-readable).
+  printf 'Authorization: Bearer %s\n' "$token" |
+    curl --silent --show-error --fail --location --retry 5 --retry-all-errors --max-time 600 \
+      -H @- -o "$tmp/bundle.tar.gz" "$url" ||
     die "download of gs://$MD_BUCKET/$MD_BUNDLE_OBJECT failed"
   got=$(sha256sum "$tmp/bundle.tar.gz" | cut -d' ' -f1)
   [ "$got" = "$MD_BUNDLE_SHA256" ] || die "bundle sha256 mismatch: expected $MD_BUNDLE_SHA256, got $got"
@@ -271,8 +313,8 @@ phase_start_trainer() {
   "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" start
 }
 
-export -f log die record md attr uv_recent_enough phase_metadata phase_uv phase_bundle phase_sync \
-  phase_clear_stale phase_trainer_env phase_start_trainer
+export -f log die record md attr uv_recent_enough uv_requirements install_uv phase_metadata \
+  phase_uv phase_bundle phase_sync phase_clear_stale phase_trainer_env phase_start_trainer
 
 # ---------------------------------------------------------------------------------------------
 # The phase runner
@@ -316,6 +358,8 @@ phase() {
 
 main() {
   mkdir -p "$TPUPOD_ROOT" "$BOOTSTRAP_STATE"
+  # Scratch may hold metadata bodies (the access token among them): ours alone.
+  chmod 0700 "$BOOTSTRAP_STATE"
   # Never inside some project directory: uv would find it.
   cd "$TPUPOD_ROOT"
   # One bootstrap at a time per worker (fd 9 is closed for the trainer in start-trainer).
@@ -324,6 +368,7 @@ main() {
     log start "another bootstrap is running; waiting for it"
     flock 9
   fi
+  rm -f "$BOOTSTRAP_STATE"/md.* # a body left by a run killed mid-request
   record begin start
   log start "bootstrap of $TPUPOD_ROOT (metadata at $GCE_METADATA_HOST)"
 

@@ -1,8 +1,11 @@
 """CheckpointBucket: where checkpoints, the compile cache and code bundles live.
 
 It outlives the slice: `protect=True` unless the stack opts out, never `force_destroy`, uniform
-access, public access prevention enforced. Temporary objects that a killed writer leaves behind
-expire on their own so a preempted run does not leak storage.
+access, public access prevention enforced. Soft delete keeps every deleted or overwritten object
+restorable for `soft_delete_days` (7 by default, `tpupod:softDeleteDays`): a soft-deleted object
+"cannot be permanently deleted" before then, whereas a noncurrent version under object versioning
+can be, by anyone holding storage.objects.delete (see docs/seams.md, Bucket access). Temporary
+objects that a killed writer leaves behind expire on their own so a preempted run leaks nothing.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.security import UNPROTECTED_LABEL
+from infra.security import SOFT_DELETE_DAYS_DEFAULT, UNPROTECTED_LABEL
 
 TEMP_OBJECT_SUFFIXES = [".tmp"]  # trainer.storage writes `<name>.<pid>.tmp` then renames
 TEMP_OBJECT_MAX_AGE_DAYS = 3
+SECONDS_PER_DAY = 24 * 60 * 60
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class CheckpointBucketArgs:
     labels: dict[str, str] = field(default_factory=dict)
     protect: bool = True
     existing: bool = False  # use the bucket named `name` as it is
+    soft_delete_days: int = SOFT_DELETE_DAYS_DEFAULT
 
 
 class CheckpointBucket(pulumi.ComponentResource):
@@ -51,6 +56,9 @@ class CheckpointBucket(pulumi.ComponentResource):
                 force_destroy=False,
                 labels=labels,
                 lifecycle_rules=_temporary_object_rules(),
+                soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(
+                    retention_duration_seconds=args.soft_delete_days * SECONDS_PER_DAY
+                ),
                 opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
             )
             self.name = bucket.name

@@ -31,6 +31,7 @@ class Generation:
     single_host_max_chips: int  # largest slice that is one VM
     runtime_version: str
     zones: tuple[str, ...]
+    secure_boot: bool  # the node is declared with shieldedInstanceConfig.enableSecureBoot
 
 
 # Runtime versions: https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX" table:
@@ -50,6 +51,7 @@ GENERATIONS: dict[str, Generation] = {
         single_host_max_chips=4,
         runtime_version="tpu-ubuntu2204-base",
         zones=("us-central2-b",),
+        secure_boot=True,
     ),
     "v5e": Generation(
         name="v5e",
@@ -59,6 +61,7 @@ GENERATIONS: dict[str, Generation] = {
         single_host_max_chips=8,
         runtime_version="v2-alpha-tpuv5-lite",
         zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"),
+        secure_boot=True,
     ),
     "v5p": Generation(
         name="v5p",
@@ -68,6 +71,7 @@ GENERATIONS: dict[str, Generation] = {
         single_host_max_chips=4,
         runtime_version="v2-alpha-tpuv5",
         zones=("us-central1-a", "us-east5-a"),
+        secure_boot=True,
     ),
     "v6e": Generation(
         name="v6e",
@@ -77,9 +81,17 @@ GENERATIONS: dict[str, Generation] = {
         single_host_max_chips=8,
         runtime_version="v2-alpha-tpuv6e",
         zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
+        secure_boot=True,
     ),
 }
 
+# Secure boot: `node.shieldedInstanceConfig.enableSecureBoot` (gcloud `tpu-vm create
+# --shielded-secure-boot`, command_lib/compute/tpus/tpu_vm/flags.yaml: "implicitly makes them
+# Shielded VM instances"). The v2 API reference (google.cloud.tpu_v2 ShieldedInstanceConfig) names
+# no generation limit, and the Terraform provider's acceptance example
+# (GoogleCloudPlatform/magic-modules mmv1/templates/terraform/examples/tpu_v2_vm_full.tf.tmpl)
+# creates a TPU v2 node, older than any generation here, with it on. So it is on for every
+# generation; a generation found to refuse it gets `secure_boot=False` and the rule follows.
 # What users may write before `-N`, mapped to a generation (v5e is `v5litepod-N` in the API).
 PREFIX_TO_GENERATION: dict[str, str] = {
     "v4": "v4",

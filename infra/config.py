@@ -15,9 +15,9 @@ from typing import Any, Literal
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infra import catalog
+from infra import catalog, exposure
 from infra.metadata import DEFAULT_COORDINATOR_PORT
-from infra.security import IAP_RANGE
+from infra.security import SOFT_DELETE_DAYS_DEFAULT, SOFT_DELETE_DAYS_RANGE
 from trainer.config import PRESETS
 
 NAMESPACE = "tpupod"
@@ -25,6 +25,13 @@ PROVISIONING_MODES = ("spot", "preemptible", "on-demand", "reserved")
 Provisioning = Literal["spot", "preemptible", "on-demand", "reserved"]
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _LIST_KEYS = {"sshSourceRanges"}
+_DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+DATA_PREFIX = "data/"  # where a stack's own bucket keeps prepared data (infra.identity grants it)
+# The watcher VM (infra/watcher.py): small shared-core and general-purpose types are enough for a
+# loop that polls one API and a few SSH sessions; e2-small is the default.
+WATCHER_MACHINE_TYPES = ("e2-micro", "e2-small", "e2-medium", "e2-standard-2", "n2-standard-2",
+                         "n2d-standard-2", "t2d-standard-1")  # fmt: skip
+_BOOLS = {"true": True, "false": False, True: True, False: False}
 
 
 class ConfigError(ValueError):
@@ -58,6 +65,68 @@ class StackConfig(BaseModel):
     protect_bucket: bool = Field(default=True, alias="protectBucket")
     subnet_cidr: str = Field(default="10.64.0.0/20", alias="subnetCidr")
     coordinator_port: int = Field(default=DEFAULT_COORDINATOR_PORT, alias="coordinatorPort")
+    soft_delete_days: int = Field(default=SOFT_DELETE_DAYS_DEFAULT, alias="softDeleteDays")
+    watcher: bool = True
+    watcher_machine_type: str = Field(default="e2-small", alias="watcherMachineType")
+    # Prepared training data (`python -m trainer.data prepare`): a name under the stack bucket's
+    # `data/` prefix (workers get read-only access there), or gs://BUCKET/PATH anywhere else.
+    data: str | None = None
+
+    @field_validator("data")
+    @classmethod
+    def _data_location(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().rstrip("/")
+        if value.startswith("gs://"):
+            bucket, _, path = value[len("gs://") :].partition("/")
+            check_bucket_name(bucket, "data")
+            ok = bool(path)
+        else:
+            ok = bool(_DATA_NAME.match(value)) and ".." not in value.split("/")
+        if not ok or any(c.isspace() for c in value):
+            raise ConfigError(
+                "data",
+                f"{value!r} is neither a name under the stack bucket's data/ prefix (like "
+                "corpus-bpe) nor gs://BUCKET/PATH; prepare data with `python -m trainer.data "
+                "prepare --out gs://BUCKET/data/NAME` and name it",
+            )
+        return value
+
+    @field_validator("watcher", mode="before")
+    @classmethod
+    def _watcher_flag(cls, value: Any) -> bool:
+        flag = _BOOLS.get(value.strip().lower() if isinstance(value, str) else value)
+        if flag is None:
+            raise ConfigError(
+                "watcher",
+                f"{value!r} is not true or false; `true` (the default) declares the watcher VM "
+                "that recovers the slice, `false` opts out (then keep `tpupod watch` running)",
+            )
+        return flag
+
+    @field_validator("watcher_machine_type")
+    @classmethod
+    def _watcher_machine(cls, value: str) -> str:
+        if value not in WATCHER_MACHINE_TYPES:
+            raise ConfigError(
+                "watcherMachineType",
+                f"unknown machine type {value!r}; use one of {', '.join(WATCHER_MACHINE_TYPES)}",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _data_readable(self) -> StackConfig:
+        from infra import naming
+
+        own = f"gs://{naming.bucket_name(self)}/"
+        if self.data_uri and self.data_uri.startswith(own) and not self.data_in_stack_bucket:
+            raise ConfigError(
+                "data",
+                f"{self.data_uri} is in the stack's bucket but outside {DATA_PREFIX}, which is "
+                f"all the workers may read there; prepare it under {own}{DATA_PREFIX}",
+            )
+        return self
 
     @field_validator("project", mode="before")
     @classmethod
@@ -113,6 +182,17 @@ class StackConfig(BaseModel):
             _check_ssh_cidr(str(cidr))
         return tuple(str(ipaddress.ip_network(str(c), strict=True)) for c in ranges)
 
+    @field_validator("soft_delete_days")
+    @classmethod
+    def _soft_delete_range(cls, value: int) -> int:
+        low, high = SOFT_DELETE_DAYS_RANGE
+        if not low <= value <= high:
+            raise ConfigError(
+                "softDeleteDays",
+                f"{value} is outside Cloud Storage's soft-delete range; use {low} to {high} days",
+            )
+        return value
+
     @field_validator("subnet_cidr")
     @classmethod
     def _subnet(cls, value: str) -> str:
@@ -137,7 +217,7 @@ class StackConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _fits_generation(self) -> StackConfig:
+    def _keys_fit_together(self) -> StackConfig:
         accelerator = catalog.lookup(self.accelerator_type)
         generation = accelerator.generation.name
         if self.zone is not None and self.zone not in accelerator.zones:
@@ -162,12 +242,20 @@ class StackConfig(BaseModel):
             )
         if self.bucket_name and self.existing_bucket:
             raise ConfigError("bucketName", "set bucketName or existingBucket, not both")
+        opened = exposure.measure(self.ssh_source_ranges, self.vpc_cidrs)
+        if not opened.narrow:
+            raise ConfigError("sshSourceRanges", exposure.describe(opened, "SSH", self.vpc_cidrs))
         return self
 
     # Resolved values: the catalog's defaults where the stack says nothing.
     @property
     def accelerator(self) -> catalog.Accelerator:
         return catalog.lookup(self.accelerator_type)
+
+    @property
+    def vpc_cidrs(self) -> tuple[str, ...]:
+        """The VPC's own ranges as far as the stack knows them (none for an existing network)."""
+        return () if self.existing_network else (self.subnet_cidr,)
 
     @property
     def resolved_zone(self) -> str:
@@ -185,22 +273,39 @@ class StackConfig(BaseModel):
     def trainer_command_args(self) -> str:
         """`tpupod-trainer-args`: what follows `python -m trainer` on every worker."""
         steps = f" --steps {self.steps}" if self.steps else ""
+        data = f" --set data={self.data_uri}" if self.data_uri else ""
         extra = f" {self.trainer_args.strip()}" if self.trainer_args.strip() else ""
-        return f"--config {self.preset}{steps}{extra}"
+        return f"--config {self.preset}{steps}{data}{extra}"
+
+    @property
+    def data_uri(self) -> str | None:
+        """`tpupod:data` as the trainer reads it: gs://BUCKET/PATH."""
+        from infra import naming  # naming builds on this module
+
+        if self.data is None or self.data.startswith("gs://"):
+            return self.data
+        return f"gs://{naming.bucket_name(self)}/{DATA_PREFIX}{self.data.removeprefix(DATA_PREFIX)}"
+
+    @property
+    def data_in_stack_bucket(self) -> bool:
+        """The data lies under the stack bucket's data/ prefix: the workers need that grant."""
+        from infra import naming
+
+        uri = self.data_uri
+        return uri is not None and uri.startswith(f"gs://{naming.bucket_name(self)}/{DATA_PREFIX}")
 
 
 def _check_ssh_cidr(cidr: str) -> None:
+    """One listed range on its own; what the list opens together is checked after."""
     try:
         network = ipaddress.ip_network(cidr, strict=False)
     except ValueError:
         raise ConfigError(
             "sshSourceRanges", f"{cidr!r} is not a CIDR range; write ranges like 203.0.113.0/24"
         ) from None
-    if network.prefixlen == 0:
+    if network.version != 4:
         raise ConfigError(
-            "sshSourceRanges",
-            f"{cidr} opens SSH to the whole internet; list your own ranges "
-            f"(IAP {IAP_RANGE} is always allowed)",
+            "sshSourceRanges", f"{cidr} is IPv6; the workers' VPC is IPv4-only, list IPv4 ranges"
         )
     if str(network) != cidr:
         raise ConfigError("sshSourceRanges", f"{cidr!r} has host bits set; did you mean {network}?")

@@ -1,7 +1,12 @@
 """WorkerIdentity: the service account the TPU workers run as, with the least it needs.
 
-Object admin on the checkpoint bucket only (read bundles, write checkpoints and the compile
-cache), and log/metric writing on the project. No primitive role, never the default compute SA.
+On the bucket, by object prefix (IAM conditions on `resource.name`, which need uniform
+bucket-level access): this stack's checkpoints `runs/<stack>/` and compile cache
+`compile-cache/<stack>/` read-write, code bundles `bundles/` read-only (and prepared data `data/`
+read-only when the stack trains on data there). So a compromised worker
+can neither rewrite the code every recreated slice boots nor feed another stack's slices a
+poisoned compiled program. No storage role on the project. Log and metric writing on the project.
+No primitive role, never the default compute SA. Why: docs/seams.md, "Bucket access".
 """
 
 from __future__ import annotations
@@ -11,8 +16,45 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-BUCKET_ROLE = "roles/storage.objectAdmin"
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+READ_WRITE = "roles/storage.objectUser"  # get, list, create, overwrite, delete objects
+READ_ONLY = "roles/storage.objectViewer"  # get, list objects
+
+
+@dataclass(frozen=True)
+class PrefixGrant:
+    """One bucket role, limited to one object prefix."""
+
+    name: str
+    role: str
+    prefix: str  # `{stack}` is filled in
+    why: str
+
+
+BUCKET_GRANTS = (
+    PrefixGrant("runs", READ_WRITE, "runs/{stack}/", "checkpoints and status of this stack"),
+    PrefixGrant(
+        "compile-cache", READ_WRITE, "compile-cache/{stack}/", "XLA cache, this stack's only"
+    ),
+    PrefixGrant("bundles", READ_ONLY, "bundles/", "code bundles: read, never written by workers"),
+)
+# Only for a stack whose `tpupod:data` lies in its own bucket (data in another bucket: README,
+# "Your data", says what to grant there).
+DATA_GRANT = PrefixGrant("data", READ_ONLY, "data/", "prepared training data: read-only")
+
+
+def prefix_condition(bucket: str, prefix: str) -> str:
+    """CEL: objects under `prefix` (and the bare `prefix` name itself, which gcsfs probes), plus
+    listing the bucket with a list prefix of the same shape (`storage.objects.list` is checked on
+    the bucket, with the request's prefix as an API attribute)."""
+    folder = prefix.rstrip("/")
+    objects = f"projects/_/buckets/{bucket}/objects/{folder}"
+    listed = 'api.getAttribute("storage.googleapis.com/objectListPrefix", "")'
+    return (
+        f'resource.name == "{objects}" || resource.name.startsWith("{objects}/") || '
+        f'(resource.type == "storage.googleapis.com/Bucket" && '
+        f'({listed} == "{folder}" || {listed}.startsWith("{folder}/")))'
+    )
 
 
 @dataclass(frozen=True)
@@ -20,7 +62,9 @@ class WorkerIdentityArgs:
     account_id: str
     project: str
     bucket: pulumi.Input[str]
+    stack: str
     display_name: str = "tpupod TPU workers"
+    read_data: bool = False  # grant DATA_GRANT: the stack's data is under its bucket's data/
 
 
 class WorkerIdentity(pulumi.ComponentResource):
@@ -40,13 +84,21 @@ class WorkerIdentity(pulumi.ComponentResource):
             opts=child,
         )
         member = account.email.apply(lambda email: f"serviceAccount:{email}")
-        gcp.storage.BucketIAMMember(
-            f"{name}-bucket-object-admin",
-            bucket=args.bucket,
-            role=BUCKET_ROLE,
-            member=member,
-            opts=child,
-        )
+        bucket = pulumi.Output.from_input(args.bucket)
+        for grant in BUCKET_GRANTS + ((DATA_GRANT,) if args.read_data else ()):
+            prefix = grant.prefix.format(stack=args.stack)
+            gcp.storage.BucketIAMMember(
+                f"{name}-bucket-{grant.name}",
+                bucket=args.bucket,
+                role=grant.role,
+                member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title=f"tpupod {grant.name}",
+                    description=f"{prefix}: {grant.why}",
+                    expression=bucket.apply(lambda b, p=prefix: prefix_condition(b, p)),
+                ),
+                opts=child,
+            )
         for role in PROJECT_ROLES:
             gcp.projects.IAMMember(
                 f"{name}-{role.split('/')[-1]}",

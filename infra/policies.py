@@ -2,25 +2,29 @@
 
 The same functions back tests/infra (over mock registrations) and the pulumi-policy pack in
 `policy/` (over `pulumi preview`), so a rule cannot drift between the two. Properties use the
-engine's camelCase names. Opt-ins are visible on the resources themselves (a label or a firewall
-description written by the component that honours the stack's opt-in), so the pack needs no
-config of its own. Each rule returns the violations it finds; an empty list means it holds.
+engine's camelCase names. Stack rules (`STACK_RULES`) see every resource at once, for what only
+the whole stack shows (the union of firewall sources per port). Opt-ins are visible on the
+resources themselves (a label or a firewall description written by the component that honours
+the stack's opt-in), so the pack needs no config of its own. Each rule returns the violations it
+finds; an empty list means it holds.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infra import policy_cis, policy_secrets
 from infra.security import EXTERNAL_IPS_LABEL, IAP_RANGE, LISTED_SSH_MARKER, UNPROTECTED_LABEL
 
 TPU_VM = "gcp:tpu/v2Vm:V2Vm"
 FIREWALL = "gcp:compute/firewall:Firewall"
 BUCKET = "gcp:storage/bucket:Bucket"
 INSTANCE = "gcp:compute/instance:Instance"
+SUBNETWORK = policy_cis.SUBNETWORK
 IAM_TYPES = {
     "gcp:projects/iAMMember:IAMMember",
     "gcp:projects/iAMBinding:IAMBinding",
@@ -34,24 +38,8 @@ DEFAULT_COMPUTE_SA = re.compile(r"-compute@developer\.gserviceaccount\.com$")
 OPEN_RANGES = {"0.0.0.0/0", "::/0"}
 SSH_PORT = 22
 
-# Metadata keys that name a secret, and values that have a known secret's shape. Shapes, not
-# words: a startup script may well say "token" while fetching one from the metadata server.
-SECRET_KEY = re.compile(r"(secret|passw|token|api[-_]?key|private[-_]?key|credential)", re.I)
-SECRET_VALUES = {
-    "PEM private key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    "service account key JSON": re.compile(r'"private_key"\s*:'),
-    "AWS access key id": re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
-    "Google API key": re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"),
-    "Google OAuth access token": re.compile(r"\bya29\.[0-9A-Za-z_-]{20,}"),
-    "GitHub token": re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"),
-    "Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
-    "Slack token": re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
-    "literal password/secret assignment": re.compile(
-        r"(?i)\b\w*(password|passwd|secret|api_?key|access_?key)\w*\s*[:=]\s*['\"]?[A-Za-z0-9/+_.-]{12,}"
-    ),
-}
-
 Check = Callable[[str, Mapping[str, Any], bool], list[str]]
+StackCheck = Callable[[Sequence[tuple[str, Mapping[str, Any]]]], list[str]]
 
 
 @dataclass(frozen=True)
@@ -60,6 +48,13 @@ class Rule:
     description: str
     resource_types: frozenset[str]
     check: Check  # (resource_type, props, protect) -> violations
+
+
+@dataclass(frozen=True)
+class StackRule:
+    name: str
+    description: str
+    check: StackCheck  # [(resource_type, props), ...] -> violations
 
 
 def _labels(props: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -196,20 +191,6 @@ def bucket_protected(resource_type: str, props: Mapping[str, Any], protect: bool
     return violations
 
 
-def no_secrets_in_metadata(
-    resource_type: str, props: Mapping[str, Any], protect: bool
-) -> list[str]:
-    metadata = props.get("metadata") or {}
-    violations = [
-        f"metadata key {k!r} looks like a secret" for k in metadata if SECRET_KEY.search(str(k))
-    ]
-    for key, value in metadata.items():
-        for what, pattern in SECRET_VALUES.items():
-            if pattern.search(str(value)):
-                violations.append(f"metadata {key!r} contains a {what}")
-    return violations
-
-
 RULES: tuple[Rule, ...] = (
     Rule(
         "tpupod-no-external-ips",
@@ -257,7 +238,57 @@ RULES: tuple[Rule, ...] = (
         "tpupod-no-secrets-in-metadata",
         "No secret-looking keys or values in VM metadata",
         frozenset({TPU_VM, INSTANCE}),
-        no_secrets_in_metadata,
+        policy_secrets.no_secrets_in_metadata,
+    ),
+    Rule(
+        "tpupod-os-login",
+        "TPU nodes use OS Login and block project-wide SSH keys",
+        frozenset({TPU_VM, INSTANCE}),
+        policy_cis.os_login,
+    ),
+    Rule(
+        "tpupod-secure-boot",
+        "TPU nodes boot with secure boot where the generation takes it (infra/catalog.py)",
+        frozenset({TPU_VM}),
+        policy_cis.secure_boot,
+    ),
+    Rule(
+        "tpupod-subnet-flow-logs",
+        "Subnets keep VPC flow logs",
+        frozenset({SUBNETWORK}),
+        policy_cis.flow_logs,
+    ),
+    Rule(
+        "tpupod-subnet-private-google-access",
+        "Subnets have Private Google Access",
+        frozenset({SUBNETWORK}),
+        policy_cis.private_google_access,
+    ),
+    Rule(
+        "tpupod-bucket-soft-delete",
+        "Buckets keep deleted and overwritten objects for at least 7 days (soft delete)",
+        frozenset({BUCKET}),
+        policy_cis.soft_delete,
+    ),
+    Rule(
+        "tpupod-no-project-storage-role",
+        "No Cloud Storage role on the whole project",
+        frozenset(policy_cis.PROJECT_IAM),
+        policy_cis.no_project_storage_role,
+    ),
+    Rule(
+        "tpupod-bucket-grants-by-prefix",
+        "Bucket roles are limited to an object prefix by an IAM condition",
+        frozenset(policy_cis.BUCKET_IAM),
+        policy_cis.bucket_grants_by_prefix,
+    ),
+)
+
+STACK_RULES: tuple[StackRule, ...] = (
+    StackRule(
+        "tpupod-narrow-ingress",
+        "Per port, ingress sources beyond IAP and the VPC add up to a /16 at most",
+        policy_cis.narrow_ingress,
     ),
 )
 
@@ -270,3 +301,9 @@ def violations(resource_type: str, props: Mapping[str, Any], protect: bool = Fal
         if resource_type in rule.resource_types
         for message in rule.check(resource_type, props, protect)
     ]
+
+
+def stack_violations(resources: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """Every stack rule over (resource type, props) pairs, as `rule-name: message` lines."""
+    listed = list(resources)
+    return [f"{rule.name}: {message}" for rule in STACK_RULES for message in rule.check(listed)]

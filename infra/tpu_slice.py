@@ -1,35 +1,31 @@
-"""TpuSlice: the TPU VM slice itself (`gcp.tpu.V2Vm`), one node with N workers.
+"""TpuSlice: the TPU VM slice itself (`gcp.tpu.V2Vm`), one node with N workers, and its node spec.
 
 V2Vm, not V2QueuedResource: only V2Vm carries metadata, a service account and spot. Everything
 but labels, metadata, tags, description and data disks replaces the node, so the name is fixed
-and the old node goes first (`delete_before_replace`): one slice's quota, never two.
+and the old node goes first (`delete_before_replace`): one slice's quota, never two. The fields
+come from `infra.node_spec.declare`, and `spec` is `node_spec()` of that same declaration: what
+ops sends to `nodes.create` when it recreates a preempted node without running Pulumi.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
 from infra.metadata import METADATA_LIMIT_BYTES
-from infra.security import EXTERNAL_IPS_LABEL
+from infra.node_spec import NodeDeclaration, declare, node_spec, resource_path
 
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Large slices can take a long time to be granted and booted.
 CREATE_TIMEOUT = "90m"
-
-SCHEDULING_BY_PROVISIONING: dict[str, dict[str, bool] | None] = {
-    "spot": {"spot": True},
-    "preemptible": {"preemptible": True},
-    "reserved": {"reserved": True},
-    "on-demand": None,
-}
 
 
 @dataclass(frozen=True)
 class TpuSliceArgs:
     name: str
+    project: str
     zone: str
     accelerator_type: str  # the API string, e.g. v5litepod-16
     runtime_version: str
@@ -45,42 +41,66 @@ class TpuSliceArgs:
 
 class TpuSlice(pulumi.ComponentResource):
     node: gcp.tpu.V2Vm
+    declaration: NodeDeclaration
+    spec: pulumi.Output[dict[str, Any]]
     worker_internal_ips: pulumi.Output[list[str]]
     worker_external_ips: pulumi.Output[list[str]]
 
     def __init__(self, name: str, args: TpuSliceArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpupod:infra:TpuSlice", name, None, opts)
-        check_metadata_size(args.metadata)
-        labels = dict(args.labels)
-        if args.enable_external_ips:
-            labels[EXTERNAL_IPS_LABEL[0]] = EXTERNAL_IPS_LABEL[1]
-        scheduling = SCHEDULING_BY_PROVISIONING[args.provisioning]
-        self.node = gcp.tpu.V2Vm(
-            f"{name}-node",
+        node = self.declaration = declare(
             name=args.name,
+            project=args.project,
             zone=args.zone,
             accelerator_type=args.accelerator_type,
             runtime_version=args.runtime_version,
-            description=f"tpupod slice {args.name} ({args.accelerator_type}, {args.provisioning})",
-            scheduling_config=gcp.tpu.V2VmSchedulingConfigArgs(**scheduling)
-            if scheduling
+            provisioning=args.provisioning,
+            network_tag=args.network_tag,
+            worker_metadata=args.metadata,
+            labels=args.labels,
+            enable_external_ips=args.enable_external_ips,
+        )
+        check_metadata_size(node.metadata)
+        network = pulumi.Output.from_input(args.network).apply(resource_path)
+        subnetwork = pulumi.Output.from_input(args.subnetwork).apply(resource_path)
+        self.node = gcp.tpu.V2Vm(
+            f"{name}-node",
+            name=node.name,
+            project=node.project,
+            zone=node.zone,
+            accelerator_type=node.accelerator_type,
+            runtime_version=node.runtime_version,
+            description=node.description,
+            scheduling_config=gcp.tpu.V2VmSchedulingConfigArgs(**node.scheduling)
+            if node.scheduling
             else None,
             network_config=gcp.tpu.V2VmNetworkConfigArgs(
-                network=args.network,
-                subnetwork=args.subnetwork,
-                enable_external_ips=args.enable_external_ips,
+                network=network,
+                subnetwork=subnetwork,
+                enable_external_ips=node.enable_external_ips,
             ),
             service_account=gcp.tpu.V2VmServiceAccountArgs(
-                email=args.service_account_email, scopes=[CLOUD_PLATFORM_SCOPE]
+                email=args.service_account_email, scopes=list(node.scopes)
             ),
-            labels=labels,
-            tags=[args.network_tag],
-            metadata=args.metadata,
+            shielded_instance_config=gcp.tpu.V2VmShieldedInstanceConfigArgs(enable_secure_boot=True)
+            if node.secure_boot
+            else None,
+            labels=node.labels,
+            tags=list(node.tags),
+            metadata=node.metadata,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
             ),
+        )
+        self.spec = pulumi.Output.all(network, subnetwork, args.service_account_email).apply(
+            lambda resolved: node_spec(
+                node,
+                network=resolved[0],
+                subnetwork=resolved[1],
+                service_account_email=resolved[2],
+            )
         )
         endpoints = self.node.network_endpoints
         self.worker_internal_ips = endpoints.apply(
@@ -94,6 +114,7 @@ class TpuSlice(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "name": self.node.name,
+                "spec": self.spec,
                 "worker_internal_ips": self.worker_internal_ips,
                 "worker_external_ips": self.worker_external_ips,
             }

@@ -1,7 +1,8 @@
 """pulumi-policy pack over `infra.policies`: `pulumi preview --policy-pack policy`.
 
-Each rule in `infra.policies.RULES` becomes one mandatory resource validation policy; the
-predicates are imported, not copied, so the tests and the pack enforce exactly the same rules.
+Each rule in `infra.policies.RULES` becomes one mandatory resource validation policy and each
+`STACK_RULES` entry one stack validation policy; the predicates are imported, not copied, so the
+tests and the pack enforce exactly the same rules.
 """
 
 import sys
@@ -13,11 +14,13 @@ from pulumi_policy import (
     ReportViolation,
     ResourceValidationArgs,
     ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: `infra`
 
-from infra.policies import RULES, Rule  # noqa: E402
+from infra.policies import RULES, STACK_RULES, Rule, StackRule  # noqa: E402
 
 
 def as_policy(rule: Rule) -> ResourceValidationPolicy:
@@ -36,8 +39,22 @@ def as_policy(rule: Rule) -> ResourceValidationPolicy:
     )
 
 
-def policies() -> list[ResourceValidationPolicy]:
-    return [as_policy(rule) for rule in RULES]
+def as_stack_policy(rule: StackRule) -> StackValidationPolicy:
+    def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+        resources = [(r.resource_type, r.props) for r in args.resources]
+        for message in rule.check(resources):
+            report_violation(message, None)
+
+    return StackValidationPolicy(
+        name=rule.name,
+        description=rule.description,
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=validate,
+    )
+
+
+def policies() -> list[ResourceValidationPolicy | StackValidationPolicy]:
+    return [as_policy(rule) for rule in RULES] + [as_stack_policy(rule) for rule in STACK_RULES]
 
 
 if __name__ == "__main__":

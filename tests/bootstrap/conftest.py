@@ -101,6 +101,7 @@ class Slice:
         of the worker's own."""
         env = worker_env(
             home=self.tmp / f"home-{index}",
+            tpupod_root=self.root(index),
             metadata_host=f"{self.addresses[index]}:{self.metadata_port}",
             emulator_url=self.storage_url,
             devices_per_worker=1,

@@ -68,7 +68,12 @@ def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
             }
         )
     resources.sort(key=lambda item: (item["type"], item["name"]))
-    return {"stack": evaluation.stack, "resources": resources, "outputs": clean(evaluation.values)}
+    outputs = dict(evaluation.values)
+    if "node_spec" in outputs:  # its metadata carries the startup script too
+        spec = outputs["node_spec"]
+        node_metadata = {**spec["node"]["metadata"], metadata.STARTUP_SCRIPT: "<startup.sh>"}
+        outputs["node_spec"] = {**spec, "node": {**spec["node"], "metadata": node_metadata}}
+    return {"stack": evaluation.stack, "resources": resources, "outputs": clean(outputs)}
 
 
 def check_golden(evaluation: offline.Evaluation) -> None:

@@ -9,15 +9,33 @@ from types import SimpleNamespace
 import pytest
 
 from infra import metadata, policies
-from infra.security import EXTERNAL_IPS_LABEL, IAP_RANGE, LISTED_SSH_MARKER, UNPROTECTED_LABEL
+from infra.security import (
+    EXTERNAL_IPS_LABEL,
+    IAP_RANGE,
+    LISTED_SSH_MARKER,
+    OS_LOGIN_METADATA,
+    UNPROTECTED_LABEL,
+)
 
 POLICY_PACK = Path(__file__).resolve().parents[2] / "policy" / "__main__.py"
 GOOD_SA = {"email": "tpupod-v4-8@p.iam.gserviceaccount.com", "scopes": []}
 
 
+SOFT_DELETE = {"softDeletePolicy": {"retentionDurationSeconds": 7 * 86400}}
+
+
 def tpu(**overrides):
-    props = {"networkConfig": {"enableExternalIps": False}, "serviceAccount": GOOD_SA, "labels": {}}
+    props = {
+        "networkConfig": {"enableExternalIps": False},
+        "serviceAccount": GOOD_SA,
+        "labels": {},
+        "metadata": dict(OS_LOGIN_METADATA),
+    }
     return props | overrides
+
+
+def bucket(**props):
+    return SOFT_DELETE | props
 
 
 def ssh_rule(ranges, description=""):
@@ -138,21 +156,26 @@ GOOD = [
     ),
     (
         policies.BUCKET,
-        {"uniformBucketLevelAccess": True, "publicAccessPrevention": "enforced"},
+        bucket(uniformBucketLevelAccess=True, publicAccessPrevention="enforced"),
         True,
     ),
     (
         policies.BUCKET,
-        {
-            "uniformBucketLevelAccess": True,
-            "publicAccessPrevention": "enforced",
-            "labels": dict([UNPROTECTED_LABEL]),
-        },
+        bucket(
+            uniformBucketLevelAccess=True,
+            publicAccessPrevention="enforced",
+            labels=dict([UNPROTECTED_LABEL]),
+        ),
         False,
     ),
     (
         policies.TPU_VM,
-        tpu(metadata={"startup-script": "token=$(md instance/service-accounts/default/token)"}),
+        tpu(
+            metadata={
+                **OS_LOGIN_METADATA,
+                "startup-script": "token=$(md instance/service-accounts/default/token)",
+            }
+        ),
         False,
     ),
 ]
@@ -170,22 +193,38 @@ def test_rule_passes(type_, props, protect):
 
 
 def test_the_real_startup_script_is_not_a_secret():
-    props = tpu(metadata={metadata.STARTUP_SCRIPT: metadata.startup_script()})
+    props = tpu(metadata={**OS_LOGIN_METADATA, metadata.STARTUP_SCRIPT: metadata.startup_script()})
     assert policies.violations(policies.TPU_VM, props) == []
 
 
 def test_policy_pack_wraps_every_rule_unchanged():
     pack = runpy.run_path(str(POLICY_PACK), run_name="tpupod_policy_pack")
     wrapped = pack["policies"]()
-    assert [p.name for p in wrapped] == [rule.name for rule in policies.RULES]
+    assert [p.name for p in wrapped] == [rule.name for rule in policies.RULES] + [
+        rule.name for rule in policies.STACK_RULES
+    ]
     reported: list[str] = []
     args = SimpleNamespace(
         resource_type=policies.TPU_VM,
         props=tpu(networkConfig={"enableExternalIps": True}),
         opts=SimpleNamespace(protect=False),
     )
-    for policy in wrapped:
+    for policy in wrapped[: len(policies.RULES)]:
         policy.validate(args, lambda message, urn=None: reported.append(message))
     assert reported == [
         "TPU workers get external IPs without the stack opting in (enableExternalIps)"
     ]
+
+
+def test_policy_pack_stack_rule_sees_the_union_of_rules():
+    pack = runpy.run_path(str(POLICY_PACK), run_name="tpupod_policy_pack")
+    stack_policy = pack["policies"]()[-1]
+    halves = [
+        SimpleNamespace(resource_type=policies.FIREWALL, props=ssh_rule([half]))
+        for half in ("0.0.0.0/1", "128.0.0.0/1")
+    ]
+    reported: list[str] = []
+    stack_policy.validate(
+        SimpleNamespace(resources=halves), lambda message, urn=None: reported.append(message)
+    )
+    assert len(reported) == 1 and reported[0].startswith("0.0.0.0/1, 128.0.0.0/1 open port 22 to")

@@ -11,7 +11,7 @@ import pytest
 
 from infra import catalog, metadata, naming, offline, policies
 from infra.config import parse, raw_from_config_map
-from infra.security import IAP_RANGE
+from infra.security import IAP_RANGE, OS_LOGIN_METADATA
 
 STACKS = offline.stack_names()
 TPU = "gcp:tpu/v2Vm:V2Vm"
@@ -93,7 +93,7 @@ def test_metadata_is_exactly_the_seam(evaluations, stack):
         uv_group="tpu",
     )
     actual = evaluation.one(TPU).inputs["metadata"]
-    assert actual == expected
+    assert actual == {**expected, **OS_LOGIN_METADATA}
     assert actual[metadata.STARTUP_SCRIPT] == metadata.startup_script()
     assert actual[metadata.TRAINER_ARGS].startswith(f"--config {config.preset}")
 
@@ -117,14 +117,26 @@ def test_network_bucket_identity(evaluations, stack):
     assert bucket.inputs["lifecycleRules"]
     roles = {r.inputs["role"] for r in evaluation.resources if "role" in r.inputs}
     assert roles == {
-        "roles/storage.objectAdmin",
+        "roles/storage.objectUser",
+        "roles/storage.objectViewer",
         "roles/logging.logWriter",
         "roles/monitoring.metricWriter",
     }
-    assert (
-        evaluation.one("gcp:storage/bucketIAMMember:BucketIAMMember").inputs["role"]
-        == "roles/storage.objectAdmin"
-    )
+    grants = {
+        r.name: r.inputs for r in evaluation.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    }
+    objects = f"projects/_/buckets/{bucket.inputs['name']}/objects/"
+    for name, role, prefix in [
+        ("workers-bucket-runs", "roles/storage.objectUser", f"runs/{stack}/"),
+        ("workers-bucket-compile-cache", "roles/storage.objectUser", f"compile-cache/{stack}/"),
+        ("workers-bucket-bundles", "roles/storage.objectViewer", "bundles/"),
+    ]:
+        assert grants[name]["role"] == role
+        assert (
+            f'resource.name.startsWith("{objects}{prefix}")'
+            in grants[name]["condition"]["expression"]
+        )
+    assert len(grants) == 3
     components = {r.urn for r in evaluation.resources if not r.custom}
     assert all(
         r.parent in components
@@ -156,6 +168,7 @@ def test_every_security_rule_holds(evaluations, stack):
         for r in evaluations[stack].resources
         for v in policies.violations(r.type, r.inputs, r.protect)
     ]
+    found += policies.stack_violations((r.type, r.inputs) for r in evaluations[stack].resources)
     assert found == []
 
 

@@ -1,0 +1,119 @@
+"""Every stack carries the CIS items that apply to a slice; removing any one makes its rule fire.
+
+The rules are the shared predicates in infra/policies.py (the policy pack wraps them unchanged),
+applied to each stack's real registrations under mocks, then to copies with one item taken out.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+
+from infra import catalog, offline, policies
+from infra.security import OS_LOGIN_METADATA
+
+STACKS = offline.stack_names()
+TPU = "gcp:tpu/v2Vm:V2Vm"
+SUBNET = "gcp:compute/subnetwork:Subnetwork"
+BUCKET = "gcp:storage/bucket:Bucket"
+BUCKET_IAM = "gcp:storage/bucketIAMMember:BucketIAMMember"
+
+
+def _drop(key: str) -> Callable[[dict], None]:
+    return lambda props: props.pop(key)
+
+
+def _drop_metadata(key: str) -> Callable[[dict], None]:
+    return lambda props: props["metadata"].pop(key)
+
+
+# item -> (resource type, how to take it out, the rule that must fire)
+REMOVALS = {
+    "OS Login": (TPU, _drop_metadata("enable-oslogin"), "tpupod-os-login"),
+    "blocked project keys": (TPU, _drop_metadata("block-project-ssh-keys"), "tpupod-os-login"),
+    "flow logs": (SUBNET, _drop("logConfig"), "tpupod-subnet-flow-logs"),
+    "Private Google Access": (
+        SUBNET,
+        lambda p: p.update(privateIpGoogleAccess=False),
+        "tpupod-subnet-private-google-access",
+    ),
+    "soft delete": (BUCKET, _drop("softDeletePolicy"), "tpupod-bucket-soft-delete"),
+    "soft delete too short": (
+        BUCKET,
+        lambda p: p.update(softDeletePolicy={"retentionDurationSeconds": 86400}),
+        "tpupod-bucket-soft-delete",
+    ),
+    "prefix condition": (BUCKET_IAM, _drop("condition"), "tpupod-bucket-grants-by-prefix"),
+}
+
+
+def rules_fired(resource_type: str, props: dict, protect: bool) -> set[str]:
+    return {v.split(":", 1)[0] for v in policies.violations(resource_type, props, protect)}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_carries_the_items(evaluations, stack):
+    evaluation = evaluations[stack]
+    node = evaluation.one(TPU).inputs
+    assert {k: node["metadata"][k] for k in OS_LOGIN_METADATA} == OS_LOGIN_METADATA
+    generation = catalog.lookup(node["acceleratorType"]).generation
+    assert ("shieldedInstanceConfig" in node) is generation.secure_boot
+    if generation.secure_boot:
+        assert node["shieldedInstanceConfig"] == {"enableSecureBoot": True}
+    subnet = evaluation.one(SUBNET).inputs
+    assert subnet["logConfig"] and subnet["privateIpGoogleAccess"] is True
+    bucket = evaluation.one(BUCKET).inputs
+    assert bucket["softDeletePolicy"]["retentionDurationSeconds"] == 7 * 86400
+    assert not [
+        r
+        for r in evaluation.resources
+        if r.type.startswith("gcp:projects/") and r.inputs["role"].startswith("roles/storage.")
+    ]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("item", REMOVALS)
+def test_removing_an_item_fires_its_rule(evaluations, stack, item):
+    resource_type, remove, rule = REMOVALS[item]
+    for resource in evaluations[stack].of_type(resource_type):
+        assert rule not in rules_fired(resource.type, resource.inputs, resource.protect)
+        props = copy.deepcopy(resource.inputs)
+        remove(props)
+        assert rule in rules_fired(resource.type, props, resource.protect), (item, resource.name)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_removing_secure_boot_fires(evaluations, stack):
+    node = evaluations[stack].one(TPU)
+    props = copy.deepcopy(node.inputs)
+    del props["shieldedInstanceConfig"]
+    assert "tpupod-secure-boot" in rules_fired(node.type, props, node.protect)
+
+
+def test_a_type_the_catalog_does_not_know_is_not_held_to_secure_boot():
+    props = {"acceleratorType": "v2-8", "metadata": dict(OS_LOGIN_METADATA)}
+    assert "tpupod-secure-boot" not in rules_fired(TPU, props, False)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_project_wide_storage_role_fires(evaluations, stack):
+    grant = next(
+        r for r in evaluations[stack].resources if r.type == "gcp:projects/iAMMember:IAMMember"
+    )
+    props = {**grant.inputs, "role": "roles/storage.objectAdmin"}
+    assert "tpupod-no-project-storage-role" in rules_fired(grant.type, props, False)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_an_open_listed_ssh_rule_fires_the_stack_rule(evaluations, stack):
+    resources = [(r.type, copy.deepcopy(r.inputs)) for r in evaluations[stack].resources]
+    assert policies.stack_violations(resources) == []
+    iap = next(
+        p for t, p in resources if t == "gcp:compute/firewall:Firewall" and "sourceRanges" in p
+    )
+    resources.append(("gcp:compute/firewall:Firewall", {**iap, "sourceRanges": ["0.0.0.0/1"]}))
+    resources.append(("gcp:compute/firewall:Firewall", {**iap, "sourceRanges": ["128.0.0.0/1"]}))
+    found = policies.stack_violations(resources)
+    assert len(found) == 1 and found[0].startswith("tpupod-narrow-ingress: ")
