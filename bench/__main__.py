@@ -1,7 +1,7 @@
 """`uv run python -m bench [all|trainer|checkpoint|recovery|goodput|cost|infra ...]`
 
-Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (rows keyed by figure name,
-so one benchmark updates only its rows), keeps raw results in bench/out/ and draws the goodput
+Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
+of its own benchmark and keeps the others'), keeps raw results in bench/out/ and draws the goodput
 timeline to docs/goodput-timeline.png. A benchmark that cannot run leaves a "not run: why" row.
 `--smoke` runs the reporting path on a synthetic run in seconds (CI) and writes to bench/out/smoke/.
 """
@@ -21,7 +21,6 @@ from pathlib import Path
 from rich.console import Console
 
 from bench import report
-from bench.podrun import RunRecord
 from bench.report import Figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +28,7 @@ OUT = REPO / "bench" / "out"
 PNG = REPO / "docs" / "goodput-timeline.png"
 # tiny's own cadence (every 5 steps) is a test setting; saves to the GCS emulator take seconds.
 GOODPUT_SETS = ("checkpoint_every=100",)
-ORDER = ["trainer", "checkpoint", "infra", "recovery", "goodput", "cost"]
+ORDER = ["trainer", "gpu", "checkpoint", "infra", "recovery", "goodput", "cost"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -48,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="recovery/goodput: trainer --set for the pod job (repeatable) "
+        help="recovery/goodput: trainer --set for the pod job; gpu: for `1b` (repeatable) "
         f"[{' '.join(GOODPUT_SETS)}]",
     )
     p.add_argument("--min-steps", type=int, default=30, help="recovery: steps between faults")
@@ -89,7 +88,36 @@ def trainer_figs(a, console) -> list[Figure]:
             f"{probes})",
         ),
         allocator_fig(cfg, r),
-        Figure("trainer 1b on GPU: MFU", "not measured: no GPU lent to this task"),
+    ]
+
+
+def gpu_figs(a, console) -> list[Figure]:
+    """`1b` on one GPU: MFU against the datasheet peak (trainer.metrics.PEAK_FLOPS)."""
+    import shutil
+    import subprocess
+
+    from bench import trainer_bench
+
+    name = "trainer 1b on GPU: MFU"
+    if shutil.which("nvidia-smi") is None:
+        return [Figure(name, "not measured: no GPU on this machine")]
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    gpu = subprocess.run(query, capture_output=True, text=True).stdout.strip().splitlines()[0]
+    os.environ.setdefault("JAX_PLATFORMS", "cuda")
+    r = trainer_bench.run("1b", a.trainer_steps, sets=tuple(a.sets))
+    save("gpu", r)
+    overrides = f", overrides {' '.join(r['sets'])}" if r["sets"] else ""
+    return [
+        Figure(
+            name,
+            r["mfu"],
+            "",
+            note=f"{gpu}: {r['model_flops_per_s']:.3g} model FLOP/s / {r['peak_flops']:.3g} "
+            f"({r['peak_source']}), {r['tokens_per_s']:,.0f} tok/s, {r['tokens_per_step']:,} "
+            f"tokens per step, step {r['step_time_s']:.3f} s, median of {r['steps_timed']} "
+            f"steps{overrides}",
+            machine=gpu,
+        )
     ]
 
 
@@ -135,7 +163,16 @@ def checkpoint_figs(a, console) -> list[Figure]:
             "s",
             note=f"exit code {r['sigterm_exit_code']} at step {r['sigterm_step']}",
         ),
-    ]
+    ] + checkpoint_storage_figs()
+
+
+def checkpoint_storage_figs() -> list[Figure]:
+    """Restore / save-on-notice seconds and steps lost on a kill, on the pod's GCS emulator."""
+    from bench import checkpoint_bench
+
+    r = checkpoint_bench.storage_run()
+    save("checkpoint_storage", r)
+    return checkpoint_bench.figures(r)
 
 
 def infra_figs(a, console) -> list[Figure]:
@@ -170,6 +207,8 @@ def goodput_figs(a, console) -> list[Figure]:
 
     kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
     if a.record:  # re-analyse a saved run (its period: --period)
+        from bench.podrun import RunRecord  # the pod's imports, only where a pod is analysed
+
         r = goodput_bench.report_run(RunRecord.load(a.record), PNG, a.period)
         save("goodput", r)
         return goodput_bench.figures(r)
@@ -205,6 +244,7 @@ def cost_figs(a, console) -> list[Figure]:
 
 RUNNERS = {
     "trainer": trainer_figs,
+    "gpu": gpu_figs,
     "checkpoint": checkpoint_figs,
     "infra": infra_figs,
     "recovery": recovery_figs,
@@ -253,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
         out = a.out or OUT / "smoke" / "BENCHMARKS.md"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").unlink(missing_ok=True)  # smoke rows never accumulate
-        figures = report.stamp(smoke(out, console), command)
+        figs = smoke(out, console)
+        if "checkpoint" in a.which:  # named only: it starts an emulator and imports Orbax
+            from bench import checkpoint_bench
+
+            figs += checkpoint_bench.smoke_figures(checkpoint_bench.smoke())
+        figures = report.stamp(figs, command)
         report.write(figures, out)
         console.print(f"wrote {out}")
         return 0
@@ -264,26 +309,26 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(f"bench {name}")
         machine = f"{report.this_machine()}, {load()} at start"
         started = time.time()
-        drop: tuple[str, ...] = (f"{name} benchmark",)  # a failure row from an earlier run
+        replace: str | None = name  # a complete run replaces every row of its benchmark
         try:
             figures = RUNNERS[name](a, console)
         except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (a timeout): say so, then stop
             why = f"not run: interrupted ({err or 'Ctrl-C'}) after {time.time() - started:.0f} s"
-            report.write(report.stamp([Figure(f"{name} benchmark", why)], command), out,
+            report.write(report.stamp([Figure(f"{name} benchmark", why)], command, name), out,
                          extra=extra(out))  # fmt: skip
             raise
         except ModuleNotFoundError as err:
             figures = [Figure(f"{name} benchmark", f"not run: module {err.name} missing")]
             failed += 1
-            drop = ()
+            replace = None  # keep what an earlier run measured, beside the failure row
         except Exception as err:  # noqa: BLE001 - one broken benchmark must not hide the others
             console.print(traceback.format_exc(), style="red", markup=False, highlight=False)
             figures = [Figure(f"{name} benchmark", f"not run: {type(err).__name__}: {err}"[:200])]
             failed += 1
-            drop = ()
+            replace = None
         for fig in figures:
-            fig.machine = machine
-        report.write(report.stamp(figures, command), out, extra=extra(out), drop=drop)
+            fig.machine = fig.machine or machine
+        report.write(report.stamp(figures, command, name), out, extra=extra(out), replace=replace)
         console.print(f"{name}: {time.time() - started:.0f} s, {len(figures)} rows -> {out}")
     return 1 if failed else 0
 

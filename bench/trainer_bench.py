@@ -72,10 +72,10 @@ def dot_peak() -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _timed(config: str, steps: int, warmup: int, env: dict | None = None):
+def _timed(config: str, steps: int, warmup: int, env: dict | None = None, sets: tuple = ()):
     """One benchmark run: (TrainRun, its metric lines past the warm-up)."""
     with tempfile.TemporaryDirectory() as tmp:
-        t = train(config, steps, tmp, ["checkpoint_every=0", "log_every=1"], env)
+        t = train(config, steps, tmp, ["checkpoint_every=0", "log_every=1", *sets], env)
     return t, [r for r in t.rows if r["step"] > warmup]
 
 
@@ -88,13 +88,13 @@ def _usage(t: TrainRun, timed: list[dict]) -> dict:
     }
 
 
-def run(config: str = "small", steps: int = 15, warmup: int = 5) -> dict:
+def run(config: str = "small", steps: int = 15, warmup: int = 5, sets: tuple = ()) -> dict:
     """The probe swings by 1.6x between moments on a shared VM (185-300 GFLOP/s seen here), so
     the peak is the highest of three: before the run, the trainer's own, and after the run. A
     low probe can then not flatter the ratio. Where tcmalloc is in use, the same run follows
     under the system allocator, for comparison."""
     before = dot_peak()
-    t, timed = _timed(config, steps, warmup)
+    t, timed = _timed(config, steps, warmup, sets=sets)
     after = dot_peak()
     flops = statistics.median(r["model_flops_per_s"] for r in timed)
     probes = [before, timed[-1]["peak_flops"], after]
@@ -102,9 +102,11 @@ def run(config: str = "small", steps: int = 15, warmup: int = 5) -> dict:
     usage = _usage(t, timed)
     system = None
     if usage["allocator"] == "tcmalloc":
-        system = _usage(*_timed(config, steps, warmup, {"TPUPOD_ALLOCATOR": "system"}))
+        system = _usage(*_timed(config, steps, warmup, {"TPUPOD_ALLOCATOR": "system"}, sets))
     return {
         "config": config,
+        "sets": list(sets),
+        "tokens_per_step": t.summary["tokens_seen"] // t.summary["final_step"],
         "params": t.summary["params"],
         "steps": steps,
         "steps_timed": len(timed),
@@ -124,5 +126,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="small")
     p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
     a = p.parse_args()
-    print(json.dumps(run(a.config, a.steps), indent=1))
+    print(json.dumps(run(a.config, a.steps, sets=tuple(a.set)), indent=1))

@@ -57,6 +57,16 @@ def rope(x, tables):
     return out.reshape(b, t, n, h).astype(x.dtype)
 
 
+def attention_implementation(cfg: Config, dtype: Dtype) -> str | None:
+    """`jax.nn.dot_product_attention`'s implementation: cuDNN's fused kernel on a GPU in 16-bit
+    (it never holds the [heads, T, T] scores, which for `1b` at T=2048 need more memory than an
+    H100 has), XLA's everywhere else (CPU, TPU, float32)."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    on_gpu = jax.default_backend() == "gpu"
+    return "cudnn" if on_gpu and jnp.dtype(dtype).itemsize == 2 else "xla"
+
+
 class Block(nn.Module):
     cfg: Config
     dtype: Dtype
@@ -72,7 +82,9 @@ class Block(nn.Module):
         qkv = _dense(3 * cfg.d_model, ("embed", "qkv"), dt, std, "qkv")(h)
         qk, v = jnp.split(qkv.reshape(*x.shape[:2], 3 * heads, head_dim), [2 * heads], axis=2)
         q, k = jnp.split(rope(qk, rope_sincos), 2, axis=2)  # one rotation for q and k together
-        attn = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        attn = jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation=attention_implementation(cfg, dt)
+        )
         attn = attn.reshape(*x.shape[:2], cfg.d_model)
         x = x + _dense(cfg.d_model, ("qkv", "embed"), dt, out_std, "attn_out")(attn)
 
@@ -95,8 +107,9 @@ class Transformer(nn.Module):
         embed = nn.Embed(cfg.vocab_size, cfg.d_model, embedding_init=init, name="embed")
         x = embed(tokens).astype(self.dtype)
         tables = rope_tables(tokens.shape[1], cfg.d_model // cfg.n_heads, cfg.rope_theta)
+        block = nn.remat(Block) if cfg.remat else Block
         for i in range(cfg.n_layers):
-            x = Block(cfg, self.dtype, name=f"block_{i}")(x, tables)
+            x = block(cfg, self.dtype, name=f"block_{i}")(x, tables)
         x = RMSNorm(self.dtype, name="final_norm")(x)
         head = _dense(cfg.vocab_size, ("embed", "vocab"), self.dtype, cfg.d_model**-0.5, "head")
         return head(x).astype(jnp.float32)
