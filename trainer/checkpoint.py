@@ -10,9 +10,9 @@ never listed, never restored.
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
+import time
 
 import grain
 import jax
@@ -57,8 +57,9 @@ class Checkpoints:
             cleanup_tmp_directories=True,
             create=True,
         )
-        # OCDBT needs GCS conditional writes (generations), which the storage emulator lacks.
-        use_ocdbt = not os.environ.get("STORAGE_EMULATOR_HOST")
+        # The format only decides how new steps are written: Orbax reads each step in the format
+        # it was written in (a step's own metadata says whether it is OCDBT).
+        use_ocdbt = cfg.checkpoint_format == "ocdbt"
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=options,
@@ -70,6 +71,11 @@ class Checkpoints:
         )
         self.committed: int | None = self.manager.latest_step()
         self._pending: int | None = None
+        self._said_behind = False
+        self.behind: dict | None = None  # set once: the first save that found one in flight
+
+    def step_dir(self, step: int) -> str:
+        return storage.join(self.directory, str(step))
 
     def check_compatible(self, step: int, abstract_state) -> None:
         """Refuses, as bad input and before touching anything, a checkpoint this run can't use:
@@ -118,10 +124,26 @@ class Checkpoints:
             data=grain.checkpoint.CheckpointSave(data_iter),
             meta=ocp.args.JsonSave(self.meta),
         )
+        behind = self._pending is not None and self.manager.is_saving_in_progress()
+        t0 = time.perf_counter()
         self.manager.save(step, args=args, force=True)
+        waited = time.perf_counter() - t0
+        if behind and not self._said_behind:
+            self._said_behind = True
+            self.behind = {"step": step, "in_flight": self._pending, "waited_s": round(waited, 3)}
         if self._pending is not None:
             self.committed = self._pending
         self._pending = step
+
+    def behind_line(self, cfg: Config) -> str:
+        """The one warning for saves that cannot keep up with the interval, with the fix."""
+        b, every = self.behind, cfg.checkpoint_every
+        fix = f"--set checkpoint_every={max(2 * every, 1)}" if every else "a longer interval"
+        return (
+            f"checkpoint save of step {b['in_flight']} was still in flight when step {b['step']} "
+            f"was due (training waited {b['waited_s']} s): saves take longer than the interval, "
+            f"so a kill can lose up to two intervals of steps; raise checkpoint_every ({fix})"
+        )
 
     def poll(self) -> int | None:
         """The last committed step (an async save counts once it has finished)."""
