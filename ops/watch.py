@@ -39,6 +39,7 @@ from ops.workers import WorkerError, WorkerGroup
 from trainer.status import TrainerState
 
 RESUMED_STATES = {TrainerState.TRAINING, TrainerState.SAVING, TrainerState.DONE}
+FALLBACK_PREFIX = "checkpoint_fallback:"  # trainer/train.py's status message after a fallback
 MAX_PROVIDER_ERRORS = 5
 
 
@@ -61,6 +62,7 @@ class Watcher(RecoverySteps):
         self._endpoints: tuple = ()
         self._provider_errors = 0
         self._progress: dict[int, tuple] = {}
+        self._fallbacks_seen: set[tuple[int, int | None]] = set()
         self._saved: dict | None = None
         self.guard: Callable[[], None] | None = None  # each poll: e.g. renew the lease (ops.lease)
 
@@ -256,8 +258,23 @@ class Watcher(RecoverySteps):
         for p in probes:
             if p.status is not None and p.status.heartbeat >= self.since:
                 self.state.last_step = max(self.last_step, p.status.step)
+        self._journal_fallbacks(probes)
         if self.incident is not None and not self.incident.phases:
             self.incident.step = max(self.incident.step, self.last_step)  # steps until it died
+
+    def _journal_fallbacks(self, probes: list[Probe]) -> None:
+        """A trainer that restored past an unreadable checkpoint says so in its status message
+        (trainer/restore.py); journal it once per trainer process."""
+        for p in probes:
+            s = p.status
+            if s is None or not (s.message or "").startswith(FALLBACK_PREFIX):
+                continue
+            if (p.index, s.pid) in self._fallbacks_seen:
+                continue
+            self._fallbacks_seen.add((p.index, s.pid))
+            detail = s.message[len(FALLBACK_PREFIX) :].strip()
+            self.journal.event("checkpoint_fallback", f"worker {p.index}: {detail}",
+                               worker=p.index, restored=s.restored_from)  # fmt: skip
 
     def _tick(self, key: str | None) -> None:
         now = time.time()

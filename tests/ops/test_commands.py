@@ -6,14 +6,17 @@ import json
 import signal
 import socket
 import threading
+import time
 
 import pytest
 
 from ops.cli import build_parser, main
 from ops.journal import Journal, read
+from ops.recovery import Probe
 from ops.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
 from ops.tpu import TpuProvider
 from ops.watch import WatchConfig, Watcher
+from trainer.status import TrainerState, TrainerStatus
 
 
 def test_every_command_is_registered_once():
@@ -109,3 +112,22 @@ def test_stack_outputs_cached_beside_the_journal_need_no_pulumi(capsys, monkeypa
     assert (target.project, target.zone, target.node) == ("p", "z", "tpupod-v4-32")
     assert target.ssh.via == "iap" and target.api_endpoint is None and not target.anonymous
     assert target.ssh.iap_command.startswith("gcloud compute start-iap-tunnel {instance} 22")
+
+
+def test_watch_journals_a_checkpoint_fallback_once_per_trainer(tmp_path):
+    """A trainer that restored past an unreadable step says so in status.json's message
+    (trainer/restore.py); watch journals it once per trainer process, not at every poll."""
+    spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
+    target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
+                    api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
+    journal = Journal(tmp_path / "j.jsonl")
+    watcher = Watcher(TpuProvider(target), journal, WatchConfig())
+    line = "checkpoint step 12 unreadable (...): restored step 8"
+    status = TrainerStatus(state=TrainerState.TRAINING, step=9, pid=41, restored_from=8,
+                           message=f"checkpoint_fallback: {line}", heartbeat=time.time())  # fmt: skip
+    plain = TrainerStatus(state=TrainerState.TRAINING, step=9, pid=42, heartbeat=time.time())
+    for _ in range(3):
+        watcher._track([Probe(0, status=status), Probe(1, status=plain)])
+    events = [e for e in journal.events if e["event"] == "checkpoint_fallback"]
+    assert len(events) == 1
+    assert events[0]["worker"] == 0 and events[0]["restored"] == 8 and line in events[0]["message"]
