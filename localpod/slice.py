@@ -145,17 +145,23 @@ class Slice:
 
     # -- create ------------------------------------------------------------------------------
     def create(
-        self, node_metadata: dict[str, str], on_done: Callable[[], None] | None = None
+        self,
+        node_metadata: dict[str, str],
+        on_done: Callable[[], None] | None = None,
+        accelerator: str | None = None,
     ) -> None:
-        """Boot every worker from `node_metadata` (the nodes.create request's metadata)."""
+        """Boot every worker from `node_metadata` (the nodes.create request's metadata);
+        `accelerator` is the request's acceleratorType, what workers read as `accelerator-type`
+        (default: the pod's own `cpu-N`)."""
         begin = partial(self._set, SliceState.CREATING, detail="creating")
-        target = partial(self._create, node_metadata)
+        target = partial(self._create, node_metadata, accelerator)
         self._start_op("create", {SliceState.MISSING}, target, begin, on_done)
 
-    def _create(self, node_metadata: dict[str, str]) -> None:
+    def _create(self, node_metadata: dict[str, str], accelerator: str | None = None) -> None:
         try:
             addresses = self.layout["addresses"]
-            accelerator = accelerator_type(len(addresses), self.layout["devices_per_worker"])
+            own = accelerator_type(len(addresses), self.layout["devices_per_worker"])
+            accelerator = accelerator or own
             attributes = worker_attributes(node_metadata, addresses, accelerator)
             prefix = f"t1v-n-{secrets.token_hex(4)}"  # a new VM: a new instance name
             hostnames = {i: f"{prefix}-w-{i}" for i in attributes}

@@ -3,6 +3,8 @@
 Backed by the pod's one `Slice`: a node exists while the slice does, and create / delete are
 long-running operations that finish when the slice reaches READY / MISSING. Field names, enum
 values and operation shapes follow google.cloud.tpu_v2; `localpod.tpu_api` serves this over HTTP.
+A create names the pod's own `cpu-N` or a real type of `infra.catalog` (v4-32, v5litepod-16, ...)
+whose host count is the pod's worker count: each worker plays one host, with the pod's CPU devices.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
+from infra import catalog
 from localpod.environment import accelerator_type
 from localpod.metadata_server import PROJECT_ID, ZONE, Node
 from localpod.slice import Slice
@@ -47,6 +50,15 @@ OUTPUT_ONLY = frozenset((
     "name", "state", "healthDescription", "cidrBlock", "createTime", "networkEndpoints", "health",
     "id", "apiVersion", "symptoms", "queuedResource",
 ))  # fmt: skip
+# The Node's message-typed fields and the names inside them (tpu_v2 JSON names): Google's parser
+# refuses an unknown name at any depth.
+MESSAGE_FIELDS = {
+    "networkConfig": {"network", "subnetwork", "enableExternalIps", "canIpForward", "queueCount"},
+    "serviceAccount": {"email", "scope"},
+    "schedulingConfig": {"preemptible", "reserved", "spot"},
+    "shieldedInstanceConfig": {"enableSecureBoot"},
+    "acceleratorConfig": {"type", "topology"},
+}
 NODE_ID = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 # Where a state's detail is worth telling the client (healthDescription).
 TELL_DETAIL = {SliceState.PREEMPTED, SliceState.TERMINATED}
@@ -88,6 +100,39 @@ def _gce_node(node_id: str, request: dict) -> dict:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
+
+
+def _unknown(key: str, where: str) -> ApiError:
+    return ApiError(
+        "INVALID_ARGUMENT",
+        f"Invalid JSON payload received. Unknown name \"{key}\" at '{where}': Cannot find field.",
+    )
+
+
+def _message(field: str, value: object) -> dict:
+    """A message-typed field with its names checked and spelled as the REST API does."""
+    where = "node." + re.sub(r"(?<!^)(?=[A-Z])", "_", field).lower()
+    if not isinstance(value, dict):
+        raise ApiError("INVALID_ARGUMENT", f"Invalid value at '{where}': expected an object.")
+    known = MESSAGE_FIELDS[field]
+    for key in value:
+        if _camel(key) not in known:
+            raise _unknown(key, where)
+    return {_camel(key): item for key, item in value.items()}
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
+def catalog_hosts(accelerator: object) -> int | None:
+    """Hosts a real accelerator type needs (infra.catalog); None for a name the API does not
+    take (the API takes `v5litepod-16`, not the user-facing `v5e-16`)."""
+    try:
+        found = catalog.lookup(accelerator) if isinstance(accelerator, str) else None
+    except catalog.CatalogError:
+        return None
+    return found.hosts if found and found.api_type == accelerator else None
 
 
 class TpuService:
@@ -191,7 +236,9 @@ class TpuService:
             self.slice.store.set_node(**_gce_node(node_id, request))
             try:
                 self.slice.create(
-                    request.get("metadata", {}), on_done=lambda: self._created(operation, node)
+                    request.get("metadata", {}),
+                    on_done=lambda: self._created(operation, node),
+                    accelerator=request["acceleratorType"],
                 )
             except PodError as err:
                 del self._operations[operation["name"]]
@@ -209,24 +256,33 @@ class TpuService:
             if field in OUTPUT_ONLY:
                 continue
             if field not in INPUT_FIELDS:
-                raise ApiError(
-                    "INVALID_ARGUMENT",
-                    f"Invalid JSON payload received. Unknown name \"{key}\" at 'node': "
-                    "Cannot find field.",
-                )
-            request[field] = value
+                raise _unknown(key, "node")
+            request[field] = _message(field, value) if field in MESSAGE_FIELDS else value
         for field in ("metadata", "labels"):
             value = request.get(field, {})
             if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
                 raise ApiError("INVALID_ARGUMENT", f"node.{field} must map strings to strings.")
-        accelerator = request.get("acceleratorType")
-        if accelerator != self.accelerator:
+        self._check_accelerator(request.get("acceleratorType"))
+        return request
+
+    def _check_accelerator(self, accelerator: object) -> None:
+        """The pod's own `cpu-N`, or a catalog type needing as many hosts as the pod has workers."""
+        if accelerator == self.accelerator:
+            return
+        hosts, workers = catalog_hosts(accelerator), len(self.layout["addresses"])
+        if hosts is None:
             raise ApiError(
                 "INVALID_ARGUMENT",
                 f"node.acceleratorType {accelerator!r} is not offered in zone {ZONE}: "
                 f"this pod's workers make {self.accelerator!r}.",
             )
-        return request
+        if hosts != workers:
+            raise ApiError(
+                "INVALID_ARGUMENT",
+                f"node.acceleratorType {accelerator!r} needs {_count(hosts, 'host')}, this pod "
+                f"has {_count(workers, 'worker')}: start a pod of that size with "
+                f"`tpupod local up --workers {hosts}`.",
+            )
 
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         node = self._found(project, zone, node_id)

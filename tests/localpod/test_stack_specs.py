@@ -1,0 +1,218 @@
+"""Every stack's exported node spec creates a working node on the local pod (issue 14).
+
+For each stack, `node_spec` is evaluated under Pulumi's mocks and sent AS EXPORTED through
+google-cloud-tpu (REST, anonymous credentials) to a local pod with one worker per host of the
+stack's accelerator type. The spec's bucket is created in the pod's GCS emulator with
+google-cloud-storage and given the code bundle the spec names (infra.bundle_archive's bytes, whose
+sha256 must be the spec's `tpupod-bundle-sha256`). The workers then run the spec's own
+`startup-script`, the real bootstrap/startup.sh, and it must reach state "ok" on every worker:
+the spec's metadata keys, bucket and bundle work, and its trainer starts.
+
+Two metadata values of the request are overridden, because the workers are CPU processes on a
+2-core, 24 GiB machine; nothing else of the exported node changes:
+- `tpupod-trainer-args` becomes `--config tiny --steps 2`: the stacks' presets (350m, 1b) would
+  have every worker allocate gigabytes. Deleting the node the moment bootstrap is ok would only
+  race the trainer's start; the override bounds memory whatever the timing.
+- `tpupod-uv-group` `tpu` becomes empty: that group adds only libtpu, the TPU runtime (213 MB,
+  useless on a CPU worker), which is not in the operator's uv cache, all a worker installs from
+  here; the pod's own nodes leave it out the same way (localpod.environment.pod_metadata).
+The node is deleted as soon as every worker's bootstrap is ok.
+
+Parent: Google's API refuses a create in a project the caller has no rights on, and this pod is
+one project and zone (Contract 1). The test re-parents the request to the pod's project/zone and
+keeps node_id and the node body as exported; it checks that the spec's own parent is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import google.auth.credentials
+import pytest
+from google.api_core import exceptions
+from google.cloud import storage, tpu_v2
+
+from infra import catalog, offline
+from infra import metadata as keys
+from infra.bundle_archive import Bundle, build_bundle
+from localpod.pod import LocalPod
+from localpod.state import PodError
+from localpod.tpu_client import client
+
+pytestmark = pytest.mark.e2e
+
+CPU_OVERRIDES = {keys.TRAINER_ARGS: "--config tiny --steps 2", keys.UV_GROUP: ""}
+BOOTSTRAP_TIMEOUT_S = 420.0
+# A no-op boot for the node the pod's own `up` creates; it is deleted before the stack's node.
+IDLE_SCRIPT = "#!/bin/bash\ntrue\n"
+
+
+def hosts_of(spec: dict) -> int:
+    return catalog.lookup(spec["node"]["acceleratorType"]).hosts
+
+
+def by_hosts() -> list[str]:
+    """Stacks ordered by host count (from their stack files), so one pod of each size serves
+    its stacks in turn."""
+    hosts = {
+        stack: catalog.lookup(offline.stack_config(stack)["tpupod:acceleratorType"]).hosts
+        for stack in offline.stack_names()
+    }
+    return sorted(hosts, key=lambda stack: (hosts[stack], stack))
+
+
+def variants(stack: str) -> list[dict]:
+    """The stack's spec under other settings a stack file may carry: a network given as a self
+    link (exported as full resource paths) and every other provisioning model."""
+    base = offline.stack_config(stack)
+    network = {
+        "tpupod:existingNetwork": "https://www.googleapis.com/compute/v1/"
+        "projects/p/global/networks/n",
+        "tpupod:existingSubnet": "projects/p/regions/r/subnetworks/s",
+    }
+    configs = [network] + [
+        {"tpupod:provisioning": p} for p in ("preemptible", "reserved", "on-demand")
+    ]
+    return [offline.evaluate(stack, {**base, **c}).values["node_spec"] for c in configs]
+
+
+class Pods:
+    """One local pod at a time, of the size asked for; the previous one goes down first."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.current: LocalPod | None = None
+
+    def sized(self, workers: int) -> LocalPod:
+        if self.current is not None and self.current.workers == workers:
+            return self.current
+        self.down()
+        self.current = LocalPod(
+            self.root / f"pod-{workers}", workers=workers, startup_script=IDLE_SCRIPT
+        )
+        self.current.up()
+        self.current.delete(wait=True)  # the pod's own node: the stack's node replaces it
+        return self.current
+
+    def down(self) -> None:
+        if self.current is not None:
+            self.current.down()
+            self.current = None
+
+
+@pytest.fixture(scope="module")
+def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pods]:
+    made = Pods(tmp_path_factory.mktemp("stack-pods"))
+    try:
+        yield made
+    finally:
+        made.down()
+
+
+def upload_bundle(endpoints: dict, node_metadata: dict, bundle: Bundle) -> None:
+    """The spec's bucket and bundle object, through the emulator with Google's storage client."""
+    assert node_metadata[keys.BUNDLE_SHA256] == bundle.sha256
+    assert node_metadata[keys.BUNDLE_OBJECT] == bundle.object_name
+    gcs = storage.Client(
+        project=endpoints["project"],
+        credentials=google.auth.credentials.AnonymousCredentials(),
+        client_options={"api_endpoint": endpoints["storage"]},
+    )
+    bucket = gcs.create_bucket(node_metadata[keys.BUCKET])
+    bucket.blob(bundle.object_name).upload_from_string(bundle.data, "application/gzip")
+
+
+def wait_bootstrapped(pod: LocalPod, workers: int) -> None:
+    """Until bootstrap.json says ok on every worker; fails fast with the phase and log tail."""
+    deadline = time.monotonic() + BOOTSTRAP_TIMEOUT_S
+    pending = set(range(workers))
+    while pending:
+        for index in sorted(pending):
+            root = pod.paths.tpupod_root(index)
+            try:
+                state = json.loads((root / "bootstrap.json").read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                continue
+            log = root / "bootstrap.log"
+            tail = log.read_text().splitlines()[-5:] if log.exists() else []
+            assert state.get("state") != "failed", f"worker {index}: {state} {tail}"
+            if state.get("state") == "ok":
+                pending.discard(index)
+        assert time.monotonic() < deadline, f"workers {sorted(pending)} not bootstrapped"
+        time.sleep(1.0)
+
+
+def refusals(tpu: tpu_v2.TpuClient, spec: dict, parent: str, workers: int) -> None:
+    """What Google's API refuses is refused here too, before any node is touched."""
+    node = tpu_v2.Node.from_json(json.dumps(spec["node"]))
+    # api_core's REST path raises Forbidden for any 403, against Google as here.
+    with pytest.raises(exceptions.Forbidden) as foreign:
+        tpu.create_node(parent=spec["parent"], node_id=spec["node_id"], node=node)
+    assert foreign.value.response.json()["error"]["status"] == "PERMISSION_DENIED"
+    wrong = "v4-32" if workers == 1 else "v4-8"  # a real type of another size
+    other = catalog.lookup(wrong).hosts
+    node.accelerator_type = wrong
+    with pytest.raises(exceptions.BadRequest) as refused:
+        tpu.create_node(parent=parent, node_id=spec["node_id"], node=node)
+    message = refused.value.message
+    assert "acceleratorType" in message and f"tpupod local up --workers {other}" in message
+    assert "\n" not in message
+    node.accelerator_type = "v5e-16"  # the user-facing name; the API's is v5litepod-16
+    with pytest.raises(exceptions.BadRequest):
+        tpu.create_node(parent=parent, node_id=spec["node_id"], node=node)
+
+
+def accepted(tpu: tpu_v2.TpuClient, spec: dict, parent: str) -> None:
+    """While the node exists, a create of `spec` passes the API's field checks (made first) and
+    is refused only as ALREADY_EXISTS."""
+    node = tpu_v2.Node.from_json(json.dumps(spec["node"]))
+    with pytest.raises(exceptions.Conflict) as exists:
+        tpu.create_node(parent=parent, node_id=spec["node_id"], node=node)
+    assert exists.value.response.json()["error"]["status"] == "ALREADY_EXISTS"
+
+
+def as_json(node: tpu_v2.Node) -> dict:
+    return json.loads(tpu_v2.Node.to_json(node))
+
+
+@pytest.mark.parametrize("stack", by_hosts())
+def test_stack_spec_creates_a_working_node(stack: str, pods: Pods) -> None:
+    # The bundle, then the spec naming it, right away: the tree may change while tests run.
+    bundle = build_bundle()
+    spec = offline.evaluate(stack).values["node_spec"]
+    workers = hosts_of(spec)
+    tpu_v2.Node.from_json(json.dumps(spec["node"]))  # Google's client takes it as exported
+    pod = pods.sized(workers)
+    endpoints = pod.endpoints()
+    parent = f"projects/{endpoints['project']}/locations/{endpoints['zone']}"
+    tpu = client(endpoints)
+    refusals(tpu, spec, parent, workers)
+
+    body = dict(spec["node"])
+    assert set(CPU_OVERRIDES) <= set(body["metadata"])
+    body["metadata"] = {**body["metadata"], **CPU_OVERRIDES}
+    node = tpu_v2.Node.from_json(json.dumps(body))
+    upload_bundle(endpoints, body["metadata"], bundle)
+    name = f"{parent}/nodes/{spec['node_id']}"
+    try:
+        ready = tpu.create_node(parent=parent, node_id=spec["node_id"], node=node).result(
+            timeout=180
+        )
+        assert ready.state == tpu_v2.Node.State.READY and ready.name == name
+        got, sent = as_json(tpu.get_node(name=name)), as_json(node)
+        for field in spec["node"]:  # every field the stack declared comes back as sent
+            assert got.get(field) == sent.get(field), field
+        assert got["acceleratorType"] == spec["node"]["acceleratorType"]
+        assert len(got["networkEndpoints"]) == workers
+        for variant in variants(stack):
+            accepted(tpu, variant, parent)
+        wait_bootstrapped(pod, workers)
+    finally:
+        try:
+            if pod.describe().state != "MISSING":
+                pod.delete(wait=True, timeout=120)
+        except PodError:  # still creating, say: the whole pod goes instead
+            pods.down()
