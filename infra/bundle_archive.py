@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-BUNDLE_PATHS = ("trainer", "bootstrap", "pyproject.toml", "uv.lock", ".python-version", "README.md")
+# The watcher VM runs `python -m ops` from the same bundle, which imports infra and localpod.
+BUNDLE_PATHS = (
+    "trainer", "bootstrap", "ops", "infra", "localpod",
+    "pyproject.toml", "uv.lock", ".python-version", "README.md",
+)  # fmt: skip
 _SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}
 

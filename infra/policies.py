@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from infra import policy_cis, policy_secrets
+from infra import policy_cis, policy_secrets, policy_watcher
 from infra.security import EXTERNAL_IPS_LABEL, IAP_RANGE, LISTED_SSH_MARKER, UNPROTECTED_LABEL
 
 TPU_VM = "gcp:tpu/v2Vm:V2Vm"
@@ -281,6 +281,27 @@ RULES: tuple[Rule, ...] = (
         "Bucket roles are limited to an object prefix by an IAM condition",
         frozenset(policy_cis.BUCKET_IAM),
         policy_cis.bucket_grants_by_prefix,
+    ),
+)
+
+RULES += (
+    Rule(
+        "tpupod-vm-no-external-ip",
+        "VMs (the watcher) have no external IP",
+        frozenset({INSTANCE}),
+        policy_watcher.no_external_ip,
+    ),
+    Rule(
+        "tpupod-vm-secure-boot",
+        "VMs (the watcher) are shielded VMs with secure boot",
+        frozenset({INSTANCE}),
+        policy_watcher.shielded_secure_boot,
+    ),
+    Rule(
+        "tpupod-watcher-ssh-only",
+        "The watcher's tag reaches the workers on tcp:22 and nothing else",
+        frozenset({FIREWALL}),
+        policy_watcher.watcher_ssh_only,
     ),
 )
 

@@ -68,6 +68,11 @@ def _up(args: argparse.Namespace) -> int:
     console.print(
         f"up in {time.monotonic() - started:.1f} s; workers are booting (startup-script)."
     )
+    if args.watcher:  # one more local VM running `tpupod watch` (bootstrap/watcher-startup.sh)
+        from localpod import watcher_vm
+
+        watcher_vm.start(pod.paths.root)
+        console.print("watcher VM started: `tpupod status` / `tpupod logs --watcher` follow it")
     console.print(
         f"boot logs: {pod.paths.root}/workers/<i>/startup-script.log; next: tpupod status, "
         "tpupod local endpoints, tpupod local preempt|crash|hang, tpupod local down"
@@ -177,6 +182,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--steps", type=int, default=200, help="training steps")
     up.add_argument("--devices-per-worker", type=int, default=2, help="CPU devices per worker")
     up.add_argument("--startup-script", type=Path, help=argparse.SUPPRESS)
+    up.add_argument(
+        "--watcher", action="store_true", help="also start the watcher VM (recovers the slice)"
+    )
     up.set_defaults(func=_up)
 
     sub.add_parser("down", parents=[pod_dir], help="stop everything the pod started").set_defaults(

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from localpod import procs, storage
+from localpod import oslogin, procs, storage
 from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
 from localpod.privilege import login_user
 from localpod.slice import Slice, write_ed25519_key
@@ -104,6 +104,11 @@ class Controller:
         self.slice = Slice(self.paths, self.layout, store, self.kill_strays)
         self.tpu = TpuApiServer(TpuService(self.slice, self.layout))
         self.tpu.start()
+        # OS Login: keys imported here are what the workers' SSH servers (spawned after this,
+        # inheriting the variable) accept for a service account's POSIX user.
+        os.environ[oslogin.DIR_ENV] = str(self.paths.root / "oslogin")
+        self.oslogin = oslogin.OsLoginServer(self.paths.root / "oslogin")
+        self.oslogin.start()
         self.api = ThreadingHTTPServer(("127.0.0.1", 0), _ApiHandler)
         self.api.daemon_threads = True
         self.api.controller = self  # type: ignore[attr-defined]
@@ -123,7 +128,9 @@ class Controller:
             "stack": self.config["stack"],
             "client_key": str(self.paths.client_key),
         }
-        write_json(self.paths.endpoints, endpoints(self.paths, self.layout, self.tpu.url, bucket))
+        published = endpoints(self.paths, self.layout, self.tpu.url, bucket)
+        published["oslogin"] = self.oslogin.url  # like https://oslogin.googleapis.com
+        write_json(self.paths.endpoints, published)
         write_json(self.paths.pod, pod)
         _log(f"pod up: control 127.0.0.1:{pod['control_port']}, TPU API {self.tpu.url}")
 

@@ -212,6 +212,9 @@ class LocalPod:
 
     def down(self) -> bool:
         """Stop everything the pod started, by pid; True when something was running."""
+        from localpod import watcher_vm
+
+        watcher_vm.stop(self.paths.root)  # `local up --watcher`: the watcher VM goes first
         pod = self._pod()
         controllers = []
         if pod:

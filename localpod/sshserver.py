@@ -21,6 +21,7 @@ from pathlib import Path
 
 import asyncssh
 
+from localpod import oslogin
 from localpod.privilege import Login, filesystem_identity, open_traverse, run_as
 
 # How long output may keep arriving after the command exited (a background child that kept the
@@ -171,6 +172,9 @@ class _LoginServer(asyncssh.SSHServer):
     def begin_auth(self, username: str) -> bool:
         if username == self._user.name and self._conn is not None:
             self._conn.set_authorized_keys(str(self._authorized_keys))
+        elif self._conn is not None and (imported := oslogin.authorized_keys_for(username)):
+            # OS Login: a service account's POSIX user, with the keys it imported (only those)
+            self._conn.set_authorized_keys(str(imported))
         return True
 
     def public_key_auth_supported(self) -> bool:

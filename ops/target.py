@@ -116,8 +116,9 @@ def local_target(pod_dir: Path) -> Target:
             node=ep["node"],
             spec=spec,
             ssh=SshSettings(
-                user=ssh["user"],
-                key_file=ssh["key_file"],
+                # the local watcher VM logs in as its OS Login user (ops.oslogin), like on GCP
+                user=os.environ.get("TPUPOD_SSH_USER") or ssh["user"],
+                key_file=os.environ.get("TPUPOD_SSH_KEY") or ssh["key_file"],
                 via=_via(),
                 iap_command=ssh["iap_command"],
                 ports={ip: int(port) for ip, port in ssh.get("ports", {}).items()},

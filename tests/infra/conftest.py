@@ -18,6 +18,7 @@ import pulumi
 import pytest
 
 from infra import metadata, offline
+from infra.watcher import NODE_SPEC_KEY
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 UPDATE_ENV = "TPUPOD_UPDATE_GOLDEN"
@@ -56,6 +57,10 @@ def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
         inputs = dict(r.inputs)
         if metadata.STARTUP_SCRIPT in (inputs.get("metadata") or {}):
             inputs["metadata"] = {**inputs["metadata"], metadata.STARTUP_SCRIPT: "<startup.sh>"}
+        if NODE_SPEC_KEY in (inputs.get("metadata") or {}):  # the watcher's copy of node_spec
+            spec = json.loads(inputs["metadata"][NODE_SPEC_KEY])
+            spec["node"]["metadata"][metadata.STARTUP_SCRIPT] = "<startup.sh>"
+            inputs["metadata"] = {**inputs["metadata"], NODE_SPEC_KEY: json.dumps(spec)}
         resources.append(
             {
                 "type": r.type,

@@ -69,7 +69,8 @@ def test_every_stack_carries_the_items(evaluations, stack):
     assert not [
         r
         for r in evaluation.resources
-        if r.type.startswith("gcp:projects/") and r.inputs["role"].startswith("roles/storage.")
+        if r.type.startswith("gcp:projects/")
+        and r.inputs.get("role", "").startswith("roles/storage.")
     ]
 
 

@@ -1,0 +1,217 @@
+"""Watcher: the VM that runs `tpupod watch` for the stack, so recovery needs no laptop.
+
+A small on-demand VM (e2-small by default) in the workers' subnet: no external IP (Private Google
+Access reaches the TPU API and GCS, the stack's NAT reaches PyPI), shielded VM with secure boot,
+OS Login on and project keys blocked. Its own service account holds what recovery needs and no
+more: a custom role with TPU node get/list/create/delete and operations get (getGuestAttributes is
+checked as `tpu.nodes.get`); `iam.serviceAccountUser` on the WORKER account only (a node is
+created to run as it); the bucket's `ops/<stack>/` prefix read-write and `bundles/` read-only, by
+IAM condition; log writing; `compute.osAdminLogin` to log in to the workers through OS Login as its
+own POSIX user (docs/seams.md, "Watcher to workers"). A firewall rule lets its tag reach the
+workers' tag on tcp:22 and nothing else.
+
+Its startup script (bootstrap/watcher-startup.sh) installs uv and the stack's code bundle by
+hash and runs `tpupod watch` under systemd (bootstrap/tpupod-watcher.service). The node spec it
+recreates from comes in its metadata (`tpupod-node-spec`), the same `node_spec` the stack exports.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra.identity import READ_ONLY, READ_WRITE, prefix_condition
+from infra.metadata import METADATA_LIMIT_BYTES
+from infra.security import OS_LOGIN_METADATA
+
+WATCHER_SCRIPT_PATH = Path(__file__).resolve().parent.parent / "bootstrap" / "watcher-startup.sh"
+WATCHER_UNIT_PATH = Path(__file__).resolve().parent.parent / "bootstrap" / "tpupod-watcher.service"
+NODE_SPEC_KEY = "tpupod-node-spec"
+UNIT_KEY = "tpupod-watcher-unit"
+IMAGE = "debian-cloud/debian-12"
+# What `ops.tpu.TpuProvider` calls: nodes get (and getGuestAttributes), list, create, delete,
+# operations get. https://cloud.google.com/iam/docs/roles-permissions/tpu
+TPU_PERMISSIONS = (
+    "tpu.nodes.get",
+    "tpu.nodes.list",
+    "tpu.nodes.create",
+    "tpu.nodes.delete",
+    "tpu.operations.get",
+)
+PROJECT_ROLES = (
+    "roles/logging.logWriter",
+    # OS Login with sudo on the TPU workers (trainerctl stop/start run as root, Contract 4).
+    "roles/compute.osAdminLogin",
+)
+SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
+SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+
+
+@dataclass(frozen=True)
+class WatcherArgs:
+    name: str  # GCE name of the VM; the account id, tag and role id derive from it
+    account_id: str  # 6-30 characters
+    project: str
+    zone: str
+    stack: str
+    machine_type: str
+    subnetwork: pulumi.Input[str]
+    network: pulumi.Input[str]
+    bucket: pulumi.Input[str]
+    worker_service_account: pulumi.Input[str]  # email
+    worker_tag: str
+    node_spec: pulumi.Input[dict[str, Any]]
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def watcher_tag(name: str) -> str:
+    return name if name.endswith("-watcher") else f"{name}-watcher"
+
+
+def role_id(stack: str) -> str:
+    """Custom role ids: letters, digits, `_` and `.`; per stack (a project may hold several)."""
+    return "tpupodWatcher_" + re.sub(r"[^a-zA-Z0-9_]", "_", stack)[:48]
+
+
+def watcher_metadata(stack: str, bucket: str, spec: dict[str, Any]) -> dict[str, str]:
+    """Every metadata key of the watcher VM; checked against GCE's 512 KiB limit."""
+    metadata = {
+        "startup-script": WATCHER_SCRIPT_PATH.read_text(),
+        UNIT_KEY: WATCHER_UNIT_PATH.read_text(),
+        NODE_SPEC_KEY: json.dumps(spec, sort_keys=True, separators=(",", ":")),
+        "tpupod-stack": stack,
+        "tpupod-bucket": bucket,
+        **OS_LOGIN_METADATA,
+    }
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
+    if size > METADATA_LIMIT_BYTES:
+        raise pulumi.RunError(
+            f"watcher metadata is {size} bytes, over the {METADATA_LIMIT_BYTES}-byte GCE limit; "
+            f"the node spec alone is {len(metadata[NODE_SPEC_KEY])} bytes"
+        )
+    return metadata
+
+
+class Watcher(pulumi.ComponentResource):
+    email: pulumi.Output[str]
+    instance_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: WatcherArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpupod:infra:Watcher", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        account = gcp.serviceaccount.Account(
+            f"{name}-sa",
+            account_id=args.account_id,
+            project=args.project,
+            display_name="tpupod watcher",
+            description=f"Recovers the TPU slice of stack {args.stack} (tpupod watch)",
+            opts=child,
+        )
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+        role = gcp.projects.IAMCustomRole(
+            f"{name}-tpu-role",
+            project=args.project,
+            role_id=role_id(args.stack),
+            title=f"tpupod watcher ({args.stack})",
+            description="TPU node get/list/create/delete and operations get: recovery only",
+            permissions=list(TPU_PERMISSIONS),
+            opts=child,
+        )
+        gcp.projects.IAMMember(
+            f"{name}-tpu",
+            project=args.project,
+            role=f"projects/{args.project}/roles/{role_id(args.stack)}",  # known at preview
+            member=member,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+        )
+        for project_role in PROJECT_ROLES:
+            gcp.projects.IAMMember(
+                f"{name}-{project_role.split('/')[-1]}",
+                project=args.project,
+                role=project_role,
+                member=member,
+                opts=child,
+            )
+        worker_account = pulumi.Output.from_input(args.worker_service_account).apply(
+            lambda email: f"projects/{args.project}/serviceAccounts/{email}"
+        )
+        gcp.serviceaccount.IAMMember(
+            f"{name}-act-as-workers",
+            service_account_id=worker_account,
+            role=SERVICE_ACCOUNT_USER,
+            member=member,
+            opts=child,
+        )
+        bucket = pulumi.Output.from_input(args.bucket)
+        for grant, role_name, prefix in (
+            ("ops", READ_WRITE, f"ops/{args.stack}/"),
+            ("bundles", READ_ONLY, "bundles/"),
+        ):
+            gcp.storage.BucketIAMMember(
+                f"{name}-bucket-{grant}",
+                bucket=args.bucket,
+                role=role_name,
+                member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title=f"tpupod watcher {grant}",
+                    description=f"{prefix}: the watcher's journal, incident and lease"
+                    if grant == "ops"
+                    else f"{prefix}: code bundles, read only",
+                    expression=bucket.apply(lambda b, p=prefix: prefix_condition(b, p)),
+                ),
+                opts=child,
+            )
+        tag = watcher_tag(args.name)
+        gcp.compute.Firewall(
+            f"{name}-ssh-to-workers",
+            name=f"{args.name}-ssh",
+            network=args.network,
+            direction="INGRESS",
+            description="SSH from the watcher VM to the workers, nothing else",
+            source_tags=[tag],
+            target_tags=[args.worker_tag],
+            allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
+            opts=child,
+        )
+        metadata = pulumi.Output.all(args.bucket, args.node_spec).apply(
+            lambda resolved: watcher_metadata(args.stack, resolved[0], resolved[1])
+        )
+        instance = gcp.compute.Instance(
+            f"{name}-vm",
+            name=args.name,
+            project=args.project,
+            zone=args.zone,
+            machine_type=args.machine_type,
+            description=f"tpupod watcher of stack {args.stack}",
+            boot_disk=gcp.compute.InstanceBootDiskArgs(
+                initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                    image=IMAGE, size=10, type="pd-balanced"
+                )
+            ),
+            network_interfaces=[
+                gcp.compute.InstanceNetworkInterfaceArgs(subnetwork=args.subnetwork)
+            ],  # no access_configs: no external IP
+            service_account=gcp.compute.InstanceServiceAccountArgs(
+                email=account.email, scopes=list(SCOPES)
+            ),
+            shielded_instance_config=gcp.compute.InstanceShieldedInstanceConfigArgs(
+                enable_secure_boot=True, enable_vtpm=True, enable_integrity_monitoring=True
+            ),
+            scheduling=gcp.compute.InstanceSchedulingArgs(
+                provisioning_model="STANDARD", automatic_restart=True, preemptible=False
+            ),
+            tags=[tag],
+            labels={**args.labels, "tpupod-role": "watcher"},
+            metadata=metadata,
+            allow_stopping_for_update=True,
+            opts=child,
+        )
+        self.email = account.email
+        self.instance_name = instance.name
+        self.register_outputs({"email": self.email, "instance": self.instance_name})

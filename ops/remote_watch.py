@@ -1,0 +1,129 @@
+"""The commands' side of a watcher whose state lives in the bucket (`ops.remote_state`):
+`tpupod watch` under the lease, the watcher lines of `tpupod status`, `tpupod logs --watcher`.
+
+Wherever it runs (the stack's watcher VM, the local pod's watcher VM, a laptop) `watch` is the
+same: journal and incident in `gs://BUCKET/ops/<stack>/`, one actor at a time by the lease, the
+others observing. The local journal file stays too, for the goodput report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from ops.journal import Journal, echo
+from ops.lease import Lease, LeaseView, Observer, default_holder, run_leased
+from ops.provider import ProviderError
+from ops.remote_state import STORAGE_ERRORS, RemoteState
+from ops.tpu import TpuProvider
+from ops.watch import WatchConfig, Watcher
+
+LEASE_TTL = {"local": 15.0, "gcp": 120.0}  # seconds; the holder renews every ttl/4
+
+
+def remote_state(provider: TpuProvider) -> RemoteState:
+    state = RemoteState.for_target(provider.target)
+    state.check()
+    return state
+
+
+def watch_with_lease(
+    provider: TpuProvider,
+    config: WatchConfig,
+    journal_file: Path,
+    console: Console,
+    *,
+    holder: str | None = None,
+    ttl: float | None = None,
+    observe_only: bool = False,
+) -> int:
+    state = remote_state(provider)
+    stack = provider.target.stack
+    where = f"gs://{state.bucket.name}/{state.prefix}"
+    console.print(f"watching stack {stack}; journal {journal_file} and {where}", style="dim")
+    observer = Observer(state, console)
+    if observe_only:
+        return observe(state, observer, config.poll)
+    lease = Lease(state, holder or default_holder(), ttl or LEASE_TTL.get(stack, LEASE_TTL["gcp"]))
+
+    def act(guard) -> int:
+        watcher = Watcher(
+            provider, Journal(journal_file, console, sink=state.append), config, store=state
+        )
+        watcher.guard = guard
+        return watcher.run()
+
+    return run_leased(lease, observer, act, max(config.poll, 1.0))
+
+
+def observe(state: RemoteState, observer: Observer, poll: float) -> int:
+    """Print the acting watcher's journal until it journals `done` or `gave_up`."""
+    observer.start()
+    lease = Lease(state, "observer", 0.0)
+    while True:
+        try:
+            view = lease.read()
+        except STORAGE_ERRORS:
+            view = None
+        before = observer.cursor
+        observer.poll(view)
+        if observer.cursor != before:
+            last = state.read_journal(after="", last=1)
+            if last and last[0][1].get("event") in ("done", "gave_up"):
+                return 0 if last[0][1]["event"] == "done" else 1
+        time.sleep(max(poll, 1.0))
+
+
+# -- status and logs ------------------------------------------------------------------------------
+def watcher_lines(provider: TpuProvider, last: int = 5) -> list[str]:
+    """Heartbeat, lease holder and the last journal events, as `tpupod status` prints them."""
+    try:
+        state = RemoteState.for_target(provider.target)
+        view = Lease(state, "status", 0.0).read()
+        records = state.read_journal(last=last)
+    except (ProviderError, *STORAGE_ERRORS) as err:
+        return [f"watcher: bucket state unreadable ({' '.join(str(err).split())[:200]})"]
+    lines = [describe_lease(view)]
+    for _, record in records:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.get("time", 0)))
+        lines.append(f"  {stamp} {record.get('event', ''):<12} {record.get('message', '')}")
+    if not records:
+        lines.append("  (no journal events yet)")
+    return lines
+
+
+def describe_lease(view: LeaseView | None) -> str:
+    if view is None:
+        return "watcher: none has run (no lease in the bucket)"
+    now = time.time()
+    beat = f"heartbeat {now - view.renewed:.0f}s ago"
+    if view.live(now):
+        return (
+            f"watcher: {view.holder} holds the lease ({beat}, expires in {view.expires - now:.0f}s)"
+        )
+    return f"watcher: none acting; last holder {view.holder} ({beat}, lease expired)"
+
+
+def follow_journal(provider: TpuProvider, lines: int, follow: bool, console: Console) -> int:
+    """`tpupod logs --watcher`: the last `lines` events from the bucket, then new ones."""
+    try:
+        state = RemoteState.for_target(provider.target)
+        state.check()
+    except ProviderError:
+        raise
+    cursor = ""
+    for name, record in state.read_journal(last=lines):
+        cursor = name
+        echo(console, record)
+    while follow:
+        time.sleep(1.0)
+        try:
+            records = state.read_journal(after=cursor)
+        except STORAGE_ERRORS:
+            continue
+        for name, record in records:
+            cursor = name
+            echo(console, record)
+    return 0

@@ -1,0 +1,129 @@
+"""The watcher VM on the local pod: it recovers a preemption and a hang with no `tpupod watch`
+started by the test, continues the same incident after being killed mid-recovery (one recreate),
+and the final weights equal an uninterrupted run's. Its way in to the workers is OS Login: a key
+imported through the pod's importSshPublicKey works for that POSIX user, any other is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paramiko
+import pytest
+from rich.console import Console
+
+from localpod import watcher_vm
+from localpod.pod import LocalPod
+from ops import oslogin
+from ops.demo import read_object, run_reference
+from ops.remote_state import RemoteState
+from ops.target import local_target
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+STEPS = 40
+
+
+def ssh_as(worker, user: str, key_file: Path) -> str:
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    try:
+        client.connect(worker.host, worker.port, username=user, key_filename=str(key_file),
+                       look_for_keys=False, allow_agent=False, timeout=15)  # fmt: skip
+        _, out, _ = client.exec_command("echo in")
+        return out.read().decode().strip()
+    finally:
+        client.close()
+
+
+def test_os_login_key_works_only_once_imported_and_only_for_its_user(pod_factory, tmp_path):
+    pod = pod_factory()
+    pod.up()
+    endpoint = json.loads(pod.paths.endpoints.read_text())["oslogin"]
+    worker = pod.describe().workers[0]
+    email = "tpupod-test-watch@tpupod-local.iam.gserviceaccount.com"
+    key = tmp_path / "watcher_key"
+    user = oslogin.import_key(endpoint, email, oslogin.ensure_key(key))
+    assert user.startswith("sa_")
+    assert ssh_as(worker, user, key) == "in"  # imported: OS Login lets it in
+    stranger = tmp_path / "stranger_key"
+    oslogin.ensure_key(stranger)
+    with pytest.raises(paramiko.AuthenticationException):
+        ssh_as(worker, user, stranger)  # a key never imported
+    with pytest.raises(paramiko.AuthenticationException):
+        ssh_as(worker, "sa_1", key)  # the imported key, but another account's user
+
+
+@pytest.fixture
+def watched_pod(tmp_path: Path, monkeypatch) -> Iterator[LocalPod]:
+    """A 2-worker pod on the real bootstrap and its watcher VM; all stopped at the end."""
+    monkeypatch.setenv("TPUPOD_WATCH_ARGS", "--hang-timeout 10 --backoff 0.5")
+    pod = LocalPod(tmp_path / "pod", workers=2,
+                   trainer_args=f"--config tiny --steps {STEPS} --set checkpoint_every=10")  # fmt: skip
+    try:
+        pod.up()
+        watcher_vm.start(pod.paths.root)
+        yield pod
+    finally:
+        watcher_vm.stop(pod.paths.root)
+        pod.down()
+
+
+def steps(pod: LocalPod) -> list[int]:
+    found = []
+    for i in range(2):
+        try:
+            found.append(json.loads((pod.paths.tpupod_root(i) / "status.json").read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            found.append(-1)
+    return found
+
+
+def wait(what: str, check, timeout: float = 400.0, poll: float = 0.5):
+    deadline = time.time() + timeout
+    while not (found := check()):
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll)
+    return found
+
+
+def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod):
+    pod = watched_pod
+    state = RemoteState.for_target(local_target(pod.paths.root))
+
+    def events() -> list[dict]:
+        return [record for _, record in state.read_journal()]
+
+    def has(name: str, kind: str | None = None) -> bool:
+        return any(e["event"] == name and kind in (None, e.get("kind")) for e in events())
+
+    wait("the watcher watching", lambda: has("watching"), 120)
+    wait("step 12", lambda: min(steps(pod)) >= 12)
+    pod.preempt(0, wait=False)
+    # Mid-recovery (delete or create issued, in the bucket's incident): kill the watch process.
+    wait("a recreate under way", lambda: (s := state.load()) and s.incident
+         and s.incident.phase in ("awaiting-delete", "awaiting-create", "awaiting-ready"), 120)  # fmt: skip
+    victim = watcher_vm.watch_pid(pod.paths.root)
+    os.kill(victim, signal.SIGKILL)
+    wait("the restarted watcher continuing", lambda: has("continuing"), 60)
+    assert watcher_vm.watch_pid(pod.paths.root) != victim  # the supervisor restarted it
+    wait("the preemption resumed", lambda: has("resumed", "preemption"))
+    wait("step 25", lambda: min(steps(pod)) >= 25)
+    pod.hang(1)
+    wait("the hang resumed", lambda: has("resumed", "hang"))
+    wait("done", lambda: has("done"), 600)
+
+    names = [e["event"] for e in events()]
+    assert names.count("recreated") == 1, names  # one recreate, not two, across the kill
+    assert [e["kind"] for e in events() if e["event"] == "detected"] == ["preemption", "hang"]
+    done = next(e for e in events() if e["event"] == "done")
+    assert done["step"] == STEPS and done["preemptions"] == 1 and done["failures"] == 1
+    lease = json.loads(state.blob("lease.json").download_as_bytes())
+    assert lease["holder"] == watcher_vm.HOLDER and lease["expires"] <= time.time()  # released
+    summary = read_object(pod.paths.root, "runs/local/summary.json")
+    reference, _ = run_reference(pod, Console(stderr=True))
+    assert summary and reference
+    assert summary["params_fingerprint"] == reference["params_fingerprint"]
