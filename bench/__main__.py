@@ -1,4 +1,4 @@
-"""`uv run python -m bench [all|trainer|checkpoint|recovery|goodput|cost|infra ...]`
+"""`uv run python -m bench [all|trainer|checkpoint|recovery|goodput|faults|cost|infra ...]`
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
 of its own benchmark and keeps the others'), keeps raw results in bench/out/ and draws the goodput
@@ -28,7 +28,8 @@ OUT = REPO / "bench" / "out"
 PNG = REPO / "docs" / "goodput-timeline.png"
 # tiny's own cadence (every 5 steps) is a test setting; saves to the GCS emulator take seconds.
 GOODPUT_SETS = ("checkpoint_every=100",)
-ORDER = ["trainer", "gpu", "checkpoint", "infra", "recovery", "goodput", "cost"]
+ORDER = ["trainer", "gpu", "checkpoint", "infra", "recovery", "goodput", "faults", "cost"]
+NAMED_ONLY = {"faults"}  # hours long: run when named, never by `all`
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,7 +40,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--period", type=float, default=300.0, help="goodput: seconds between faults")
     p.add_argument("--steps", type=int, default=6000, help="goodput: steps of the job")
     p.add_argument("--record", type=Path, help="goodput: analyse this saved run, run nothing")
-    p.add_argument("--faults", default="notice,kill", help="goodput: fault kinds, in turn")
+    p.add_argument(
+        "--faults", default="notice,kill,crash,hang", help="goodput: fault kinds, in turn"
+    )
     p.add_argument("--preset", default="tiny", help="recovery/goodput: the pod job's preset")
     p.add_argument(
         "--set",
@@ -55,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer-config", default="small", help="trainer/checkpoint: preset")
     p.add_argument("--trainer-steps", type=int, default=15)
     p.add_argument("--checkpoint-steps", type=int, default=30)
+    p.add_argument("--count", type=int, default=100, help="faults: how many faults in all")
+    p.add_argument("--seed", type=int, default=0, help="faults: seed of the random mix")
+    p.add_argument("--per-leg", type=int, default=25, help="faults: faults per pod run (leg)")
     return p
 
 
@@ -74,6 +80,8 @@ def trainer_figs(a, console) -> list[Figure]:
             f"trainer {cfg} on CPU: tokens/s",
             r["tokens_per_s"],
             "tok/s",
+            n=r["steps_timed"],
+            spread=report.spread(r["tokens_per_s_range"], digits=0),
             note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s, "
             f"allocator {r['allocator']}",
         ),
@@ -83,6 +91,8 @@ def trainer_figs(a, console) -> list[Figure]:
             "",
             f">= {r['goal_mfu']:.2f}",
             r["mfu"] >= r["goal_mfu"],
+            n=r["steps_timed"],
+            spread=report.spread(r["mfu_range"], digits=3),
             note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
             f"({r['peak_source']}, same run: highest of probes before / in / after the run: "
             f"{probes})",
@@ -242,6 +252,16 @@ def cost_figs(a, console) -> list[Figure]:
     return cost_bench.figures(r)
 
 
+def faults_figs(a, console) -> list[Figure]:
+    from bench import campaign
+
+    per_leg = min(a.per_leg, a.count)
+    r = campaign.run(OUT, a.count, a.seed, per_leg, a.preset, tuple(a.sets or GOODPUT_SETS),
+                     a.notice, console)  # fmt: skip
+    save("faults", r)
+    return campaign.figures(r)
+
+
 RUNNERS = {
     "trainer": trainer_figs,
     "gpu": gpu_figs,
@@ -250,6 +270,7 @@ RUNNERS = {
     "recovery": recovery_figs,
     "goodput": goodput_figs,
     "cost": cost_figs,
+    "faults": faults_figs,
 }
 
 
@@ -266,7 +287,8 @@ def smoke(out: Path, console: Console) -> list[Figure]:
     rec = record()
     g = goodput_bench.analyse(rec)
     g["period_s"] = 0.0
-    g["timeline"] = str(goodput_bench.plot(rec, out.parent / "timeline.png", "smoke (synthetic)"))
+    png = out.parent / "timeline.png"
+    g["timeline"] = str(goodput_bench.plot(rec, png, "smoke (synthetic)", g["badput_s"]))
     save("goodput", g, out.parent)
     figs = goodput_bench.figures(g)  # with the recovery rows of its events
     figs += cost_bench.figures(cost_bench.run(g["goodput"], "SYNTHETIC smoke record"))
@@ -286,9 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if unknown := [w for w in a.which if w not in ("all", *ORDER)]:
         p.error(f"unknown benchmark {unknown[0]!r}; choose from all, {', '.join(ORDER)}")
+    if a.count < 1 or a.per_leg < 1:
+        p.error(f"--count {a.count} / --per-leg {a.per_leg}: both must be at least 1")
     console = Console()
     command = "uv run python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
-    which = ORDER if not a.which or "all" in a.which else [w for w in ORDER if w in a.which]
+    everything = [w for w in ORDER if w not in NAMED_ONLY or w in a.which]
+    which = everything if not a.which or "all" in a.which else [w for w in ORDER if w in a.which]
     if a.smoke:
         out = a.out or OUT / "smoke" / "BENCHMARKS.md"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -328,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             replace = None
         for fig in figures:
             fig.machine = fig.machine or machine
+            if fig.n is None and not str(fig.value).startswith("not "):
+                fig.n = 1  # one measurement unless the benchmark says how many
         report.write(report.stamp(figures, command, name), out, extra=extra(out), replace=replace)
         console.print(f"{name}: {time.time() - started:.0f} s, {len(figures)} rows -> {out}")
     return 1 if failed else 0
@@ -340,7 +367,9 @@ def extra(out: Path) -> str:
     rel = os.path.relpath(PNG, out.parent)
     return (
         f"## Goodput timeline\n\nTraining step against wall time in the goodput run; faults, "
-        f"detections and recoveries marked.\n\n![goodput timeline]({rel})\n"
+        f"detections and recoveries marked; underneath, the shares of the badput breakdown (the "
+        f"timeline of a run measured before issue 18 has no such bar).\n\n"
+        f"![goodput timeline]({rel})\n"
     )
 
 

@@ -66,7 +66,11 @@ def run(goodput: float | None, goodput_label: str) -> dict:
         fpt = flops_per_token(st["preset"], gen)
         tokens_per_s = ASSUMED_MFU * PEAK_FLOPS[gen] * acc.chips / fpt
         price = prices[gen]
+        watcher = watcher_per_hour(prices)
         row.update(
+            watcher_usd_per_hour=watcher,
+            # the watcher VM runs on demand beside the slice: its share of the spot bill
+            watcher_share_of_spot=watcher / (price["spot"] * acc.chips + watcher),
             flops_per_token=fpt,
             assumed_tokens_per_s=tokens_per_s,
             price_ratio=price["spot"] / price["on_demand"],
@@ -82,6 +86,12 @@ def run(goodput: float | None, goodput_label: str) -> dict:
         "prices_as_of": prices["as_of"],
         "rows": rows,
     }
+
+
+def watcher_per_hour(prices: dict) -> float:
+    """The watcher VM (machine + boot disk), 0 when the price table has none."""
+    row = prices.get("watcher") or {}
+    return float(row.get("vm_per_hour", 0.0)) + float(row.get("disk_per_hour", 0.0))
 
 
 def figures(result: dict) -> list[Figure]:
@@ -104,6 +114,16 @@ def figures(result: dict) -> list[Figure]:
                 f"({label})",
             )
         )
+        if row.get("watcher_usd_per_hour"):
+            figs.append(
+                Figure(
+                    f"cost {row['stack']}: watcher VM per hour",
+                    f"${row['watcher_usd_per_hour']:.4f}/h "
+                    f"({row['watcher_share_of_spot']:.2%} of the stack's spot bill)",
+                    note=f"e2-small on demand + 10 GB disk, prices of {as_of}; "
+                    "`tpupod:watcher: false` removes it",
+                )
+            )
         figs.append(
             Figure(
                 f"cost {row['stack']} ({row['preset']}): $/Mtok spot vs on-demand",

@@ -18,7 +18,20 @@ KINDS = {
     "notice": "preemption with notice (SIGTERM, the trainer saves, then the slice goes)",
     "kill": "preemption without notice (notice=0: SIGTERM and SIGKILL at once)",
     "crash": "SIGKILL of worker 0's trainer (the slice stays)",
+    "hang": "SIGSTOP of worker 0's trainer (the slice stays; watch sees a stale heartbeat)",
+    "save-kill": "preemption without notice while a worker's trainer is saving",
+    "stockout": "preemption without notice, and the first re-create meets a stockout",
 }
+# Fault kind -> the pod call that injects it (pod, notice seconds).
+INJECT = {
+    "notice": lambda pod, notice: pod.preempt(notice=notice, wait=False),
+    "kill": lambda pod, notice: pod.preempt(notice=0, wait=False),
+    "crash": lambda pod, notice: pod.crash(0),
+    "hang": lambda pod, notice: pod.hang(0),
+    "save-kill": lambda pod, notice: pod.preempt(notice=0, wait=False),
+    "stockout": lambda pod, notice: (pod.inject_stockout(1), pod.preempt(notice=0, wait=False)),
+}
+ONLY_WHILE_SAVING = {"save-kill"}
 
 
 class Stop(Exception):
@@ -35,6 +48,11 @@ def healthy(watcher, probes) -> int | None:
     if any(s.state not in (TrainerState.TRAINING, TrainerState.SAVING) for s in fresh):
         return None
     return min(s.step for s in fresh)
+
+
+def saving(probes) -> bool:
+    """Some worker's trainer is in a save right now (as this poll saw it)."""
+    return any(p.status and p.status.state == TrainerState.SAVING for p in probes)
 
 
 @dataclass
@@ -78,21 +96,16 @@ class Schedule:
         last = self.injected[-1]["time"] if self.injected else self._start
         if now - last < self.period or step - self._healthy_step < self.min_steps:
             return
+        if kind in ONLY_WHILE_SAVING and not saving(probes):
+            return
         self.inject(watcher, kind, step)
 
     def inject(self, watcher, kind: str, step: int) -> None:
         started = time.time()
+        if kind not in INJECT:
+            raise ValueError(f"unknown fault {kind!r}; known: {', '.join(KINDS)}")
         try:
-            if kind == "notice":
-                self.pod.preempt(notice=self.notice, wait=False)
-            elif kind == "kill":
-                self.pod.preempt(notice=0, wait=False)
-            elif kind == "crash":
-                self.pod.crash(0)
-            else:
-                raise ValueError(f"unknown fault {kind!r}; known: {', '.join(KINDS)}")
-        except ValueError:
-            raise
+            INJECT[kind](self.pod, self.notice)
         except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
             watcher.journal.event("error", f"fault injection deferred: {err}")
             return

@@ -53,6 +53,7 @@ class RunRecord:
     reference: dict | None = None  # the uninterrupted run's summary.json
     reference_wall_s: float | None = None
     references: dict = field(default_factory=dict)  # other references: name -> summary, wall
+    checks: dict = field(default_factory=dict)  # what `after` found on the pod before teardown
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,9 +75,13 @@ def run_on_pod(
     reference: bool = False,
     reference_timeout: float = 3600.0,
     console: Console | None = None,
+    hang: float = 30.0,
+    references: tuple[str, ...] = ("reference-none",),
+    after=None,
 ) -> RunRecord:
-    """Runs the job under watch with a `bench.faults.Schedule(**schedule_kwargs)`; the pod is
-    always torn down, whatever happens."""
+    """Runs the job under watch with a `bench.faults.Schedule(**schedule_kwargs)`; with
+    `reference`, then the uninterrupted "reference" and `references`; `after(pod)` (its result
+    in `checks`) runs on the pod before it goes. The pod is always torn down, whatever happens."""
     from localpod.pod import LocalPod
     from ops.demo import pod_provider, read_object
 
@@ -95,7 +100,7 @@ def run_on_pod(
         sampler.start()
         schedule = Schedule(pod, notice=notice, **schedule_kwargs)
         provider = pod_provider(pod.paths.root)
-        watcher = Watcher(provider, journal, watch_config(notice), on_poll=schedule)
+        watcher = Watcher(provider, journal, watch_config(notice, hang), on_poll=schedule)
         try:
             code = watcher.run()
             outcome = "done" if code == 0 else f"watch exited {code}"
@@ -120,8 +125,11 @@ def run_on_pod(
             record.reference, record.reference_wall_s = run_reference(
                 pod, reference_timeout, console
             )
-            none, none_wall = run_reference(pod, reference_timeout, console, "reference-none")
-            record.references = {"reference-none": {"summary": none, "wall_s": none_wall}}
+            for name in references:
+                ref, wall = run_reference(pod, reference_timeout, console, name)
+                record.references[name] = {"summary": ref, "wall_s": wall}
+        if after is not None:
+            record.checks = after(pod)
         sampler.stop()
         record.events = list(journal.events)
         record.sampled = sampler.record()

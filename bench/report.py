@@ -1,6 +1,7 @@
-"""BENCHMARKS.md: one table of figures, each with its goal, command, machine and date.
+"""BENCHMARKS.md: one table of figures, each with its n, spread, goal, command, machine and date.
 
-Rows are keyed by figure name, so running one benchmark updates its rows and keeps the others.
+Every row is tagged with the benchmark that produced it: a run of one benchmark replaces ALL of that
+benchmark's rows (none of an older run or an older name survives) and keeps the other benchmarks'.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-HEADER = "| figure | value | goal | met | notes | command | machine | date |"
-RULE = "| --- | --- | --- | --- | --- | --- | --- | --- |"
+HEADER = "| figure | value | n | spread | goal | met | notes | command | machine | date |"
+RULE = "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 
 
@@ -28,13 +29,25 @@ class Figure:
     machine: str = ""
     date: str = ""
     note: str = ""  # how to read the value: assumptions, merged phases, load
+    n: int | None = None  # how many measurements the value summarises
+    spread: str = ""  # their range (min-max), or every value when few
+    bench: str = ""  # the benchmark that wrote the row (`python -m bench NAME`)
 
     def row(self) -> str:
         value = f"{self.value:.4g}" if isinstance(self.value, float) else str(self.value)
         met = {True: "yes", False: "no", None: ""}[self.met]
-        cells = [self.name, f"{value} {self.unit}".strip(), self.goal, met, self.note,
-                 f"`{self.command}`", self.machine, self.date]  # fmt: skip
+        n = "" if self.n is None else str(self.n)
+        cells = [self.name, f"{value} {self.unit}".strip(), n, self.spread, self.goal, met,
+                 self.note, f"`{self.command}`", self.machine, self.date]  # fmt: skip
         return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+# Table order: by benchmark (`python -m bench NAME`), then as written.
+BENCH_ORDER = ("trainer", "gpu", "checkpoint", "infra", "recovery", "goodput", "faults", "cost")
+
+
+def _rank(bench: str) -> int:
+    return BENCH_ORDER.index(bench) if bench in BENCH_ORDER else len(BENCH_ORDER)
 
 
 def this_machine() -> str:
@@ -42,9 +55,28 @@ def this_machine() -> str:
     return f"{platform.machine()} {cores} cores, {platform.system()}"
 
 
-def stamp(figures: list[Figure], command: str) -> list[Figure]:
+def spread(values: list[float], unit: str = "", digits: int = 1) -> str:
+    """min-max of several values (every value when there are at most three)."""
+    values = [v for v in values if v is not None]
+    if len(values) <= 1:
+        return ""
+    if len(values) <= 3:
+        return ", ".join(f"{v:.{digits}f}" for v in values) + (f" {unit}" if unit else "")
+    return f"{min(values):.{digits}f}-{max(values):.{digits}f}" + (f" {unit}" if unit else "")
+
+
+def median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def stamp(figures: list[Figure], command: str, bench: str = "") -> list[Figure]:
     today = dt.date.today().isoformat()
     for fig in figures:
+        fig.bench = fig.bench or bench
         fig.command = fig.command or command
         fig.machine = fig.machine or this_machine()
         fig.date = fig.date or today
@@ -53,23 +85,37 @@ def stamp(figures: list[Figure], command: str) -> list[Figure]:
 
 def _load(json_path: Path) -> dict[str, dict]:
     if json_path.exists():
-        return {row["name"]: row for row in json.loads(json_path.read_text())}
+        fields = Figure.__dataclass_fields__
+        rows = json.loads(json_path.read_text())
+        return {r["name"]: {k: v for k, v in r.items() if k in fields} for r in rows}
     return {}
 
 
 def write(
-    figures: list[Figure], markdown: Path, extra: str = "", drop: tuple[str, ...] = ()
+    figures: list[Figure],
+    markdown: Path,
+    extra: str = "",
+    drop: tuple[str, ...] = (),
+    replace: str | None = None,
 ) -> None:
-    """Merge `figures` into the JSON store beside `markdown` (removing rows named in `drop`,
-    e.g. an earlier "not run" row) and rewrite the table."""
+    """Merge `figures` into the JSON store beside `markdown` and rewrite the table. `replace`:
+    the benchmark whose earlier rows all go first (a complete run); `drop`: rows named here go
+    too (e.g. an earlier "not run" row)."""
     store = markdown.with_suffix(".json")
-    rows = {k: v for k, v in _load(store).items() if k not in drop}
+    rows = {
+        k: v
+        for k, v in _load(store).items()
+        if k not in drop and (replace is None or v.get("bench") != replace)
+    }
     rows.update({fig.name: asdict(fig) for fig in figures})
-    store.write_text(json.dumps(list(rows.values()), indent=1) + "\n")
-    table = "\n".join([HEADER, RULE, *(Figure(**row).row() for row in rows.values())])
+    ordered = sorted(rows.values(), key=lambda r: _rank(r.get("bench", "")))
+    store.write_text(json.dumps(ordered, indent=1) + "\n")
+    table = "\n".join([HEADER, RULE, *(Figure(**row).row() for row in ordered)])
     body = (
-        "# Benchmarks\n\nWritten by `uv run python -m bench`; each row says how it was measured. "
-        "Goals come from the issues; a missed goal stays in the table as measured.\n\n"
+        "# Benchmarks\n\nWritten by `uv run python -m bench`; each row says how it was measured "
+        "(`n`: how many measurements the value summarises, `spread`: their range, or each value "
+        "when few). Each run of a benchmark replaces all of its rows. Goals come from the issues; "
+        "every goal is judged, and a missed goal stays in the table as measured.\n\n"
         f"{BEGIN}\n{table}\n{END}\n\n{extra}"
     )
     markdown.write_text(body)

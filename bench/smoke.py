@@ -11,15 +11,26 @@ from bench.podrun import RunRecord
 
 T0 = 1_700_000_000.0
 STEP_S = 0.1
+SAVE_EVERY, SAVE_S = 50, 0.4  # the loop blocks SAVE_S on each periodic save
 
 
-def _segment(pid: int, start: float, first: int, last: int, restored: int | None, end_state: str):
-    """Status samples of one trainer process on both workers: init, compile, steps, end."""
+def _segment(
+    pid: int,
+    start: float,
+    first: int,
+    last: int,
+    restored: int | None,
+    end_state: str,
+    source: str = "job",
+    save_every: int = SAVE_EVERY,
+):
+    """Status samples of one trainer process on both workers: init, compile, steps (a `saving`
+    sample and SAVE_S more at every save), end."""
     out = []
     for w in (0, 1):
         base = {
             "worker": w,
-            "source": "job",
+            "source": source,
             "pid": pid + w,
             "exit_code": None,
             "compile_cache_hit": False,
@@ -32,10 +43,15 @@ def _segment(pid: int, start: float, first: int, last: int, restored: int | None
         out.append(
             {**base, "t": start + 5, "heartbeat": start + 5, "state": "training", "step": first}
         )
+        t = start + 5
         for s in range(first + 1, last + 1):
-            t = start + 5 + (s - first) * STEP_S
+            t += STEP_S
             state = end_state if s == last else "training"
             out.append({**base, "t": t, "heartbeat": t, "state": state, "step": s})
+            if save_every and s % save_every == 0 and s != last:
+                out.append({**base, "t": t + 0.01, "heartbeat": t + 0.01, "state": "saving",
+                            "step": s})  # fmt: skip
+                t += SAVE_S
     return sorted(out, key=lambda x: (x["t"], x["worker"]))
 
 
@@ -90,6 +106,9 @@ def record(steps: int = 300) -> RunRecord:
         for w in (0, 1)
     ]
     lines = [line for seg in (b, c) for line in _startup_lines(seg[0]["t"], seg[0]["pid"])]
+    # The uninterrupted references, after the run: with the same checkpoint policy, and none.
+    ref = _segment(900, done + 5, 0, steps, None, "done", source="reference")
+    ref_none = _segment(950, ref[-1]["t"] + 5, 0, steps, None, "done", "reference-none", 0)
     fp = "synthetic-fingerprint"
     return RunRecord(
         trainer_args=f"--config tiny --steps {steps}",
@@ -100,7 +119,12 @@ def record(steps: int = 300) -> RunRecord:
         exit="done",
         events=events,
         injected=injected,
-        sampled={"status": a + b + c, "boots": boots, "lines": sorted(lines, key=lambda x: x["t"])},
+        sampled={
+            "status": a + b + c + ref + ref_none,
+            "boots": boots,
+            "lines": sorted(lines, key=lambda x: x["t"]),
+        },
         summary={"final_step": steps, "params_fingerprint": fp},
         reference={"final_step": steps, "params_fingerprint": fp},
+        references={"reference-none": {"summary": {"params_fingerprint": fp}, "wall_s": 40.0}},
     )

@@ -24,15 +24,39 @@ MARKS = {
 }
 
 
+# Badput category -> colour of its share in the bar under the curve.
+BADPUT_COLOURS = {
+    "productive": "tab:green",
+    "startup": "tab:olive",
+    "restore": "tab:cyan",
+    "compile": "tab:purple",
+    "checkpoint save": "tab:orange",
+    "lost progress": "tab:red",
+    "recovery / infra": "tab:gray",
+    "other": "0.8",
+}
+
+
 def plot(
-    samples: list[tuple[float, int | None]], events: list[dict], out: Path, title: str
+    samples: list[tuple[float, int | None]],
+    events: list[dict],
+    out: Path,
+    title: str,
+    badput: dict[str, float] | None = None,
 ) -> Path:
     """Draw the step curve from `samples` (unix time, step; a None step breaks the line, e.g.
-    between two trainer processes), a line per marked event and a band per detected -> resumed."""
+    between two trainer processes), a line per marked event and a band per detected -> resumed;
+    with `badput` (seconds per category), a bar of the wall time's shares underneath."""
     if not samples:
         raise ValueError("no progress samples to plot")
     t0 = min(t for t, _ in samples)
-    fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
+    if badput:
+        fig, (ax, bar) = plt.subplots(
+            2, 1, figsize=(10, 5.4), dpi=110, gridspec_kw={"height_ratios": [5, 1]}
+        )
+        _badput_bar(bar, badput)
+    else:
+        fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
     steps = [float("nan") if s is None else s for _, s in samples]
     ax.plot([t - t0 for t, _ in samples], steps, color="tab:blue", linewidth=1.6, label="step")
     detected = None
@@ -72,3 +96,18 @@ def plot(
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def _badput_bar(ax, badput: dict[str, float]) -> None:
+    total = sum(badput.values()) or 1.0
+    left = 0.0
+    for name, seconds in badput.items():
+        share = seconds / total
+        ax.barh(
+            0, share, left=left, color=BADPUT_COLOURS.get(name, "0.5"), label=f"{name} {share:.1%}"
+        )
+        left += share
+    ax.set_xlim(0, 1)
+    ax.set_yticks([])
+    ax.set_xlabel("share of the faulted run's wall time")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.9), ncol=4, fontsize=7, frameon=False)

@@ -112,6 +112,14 @@ def run(config: str = "small", steps: int = 15, warmup: int = 5, sets: tuple = (
         "steps_timed": len(timed),
         **usage,
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "tokens_per_s_range": [
+            min(r["tokens_per_s"] for r in timed),
+            max(r["tokens_per_s"] for r in timed),
+        ],
+        "mfu_range": [
+            min(r["model_flops_per_s"] for r in timed) / peak,
+            max(r["model_flops_per_s"] for r in timed) / peak,
+        ],
         "model_flops_per_s": flops,
         "peak_flops": peak,
         "peak_source": timed[-1]["peak_source"],

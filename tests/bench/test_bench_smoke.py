@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import cost, faults, goodput_bench, recovery_bench, report, smoke, timeline
+from bench import badput, cost, faults, goodput_bench, recovery_bench, report, smoke, timeline
 from bench.__main__ import main
 from trainer.status import TrainerState, TrainerStatus
 
@@ -30,12 +30,30 @@ def test_cost_ratio_is_price_ratio_over_goodput():
 
 def test_report_merges_rows_by_name(tmp_path: Path):
     md = tmp_path / "B.md"
-    report.write(report.stamp([report.Figure("a", 1.0, "s", "<= 2 s", True)], "cmd"), md)
+    report.write(report.stamp([report.Figure("a", 1.0, "s", "<= 2 s", True, n=3)], "cmd"), md)
     report.write(report.stamp([report.Figure("b", "not run: x", note="n")], "cmd2"), md, "tail")
     text = md.read_text()
-    assert "| a | 1 s | <= 2 s | yes |" in text and "| b | not run: x |" in text
+    assert "| a | 1 s | 3 |  | <= 2 s | yes |" in text and "| b | not run: x |" in text
     assert text.endswith("tail")
     assert [r["name"] for r in json.loads(md.with_suffix(".json").read_text())] == ["a", "b"]
+
+
+def test_a_bench_run_replaces_all_of_its_own_rows(tmp_path: Path):
+    """Rows of an older run of the same benchmark go, whatever their names; others stay."""
+    md = tmp_path / "B.md"
+    old = [report.Figure("goodput (P=120 s)", 0.5), report.Figure("old phase name", 1.0)]
+    report.write(report.stamp(old, "old", "goodput"), md)
+    report.write(report.stamp([report.Figure("trainer", 2.0)], "t", "trainer"), md)
+    report.write(report.stamp([report.Figure("goodput", 0.9)], "new", "goodput"), md,
+                 replace="goodput")  # fmt: skip
+    rows = json.loads(md.with_suffix(".json").read_text())
+    assert [(r["name"], r["bench"]) for r in rows] == [
+        ("trainer", "trainer"),
+        ("goodput", "goodput"),
+    ]
+    assert report.spread([1.0, 3.0, 2.0, 5.0], "s") == "1.0-5.0 s"
+    assert report.spread([1.0, 3.0]) == "1.0, 3.0" and report.spread([1.0]) == ""
+    assert report.median([3.0, 1.0, 2.0, 10.0]) == 2.5
 
 
 def test_timeline_draws_gaps_and_marks(tmp_path: Path):
@@ -58,15 +76,34 @@ def test_analyses_on_synthetic_run():
         assert sum(inc["phases"].values()) == pytest.approx(inc["fault_to_first_step_s"], abs=0.01)
         assert inc["phases"]["detection"] == pytest.approx(0.6)
     g = goodput_bench.analyse(rec)
-    assert g["mean_step_time_s"] == pytest.approx(smoke.STEP_S)
-    assert g["productive_s"] == pytest.approx(300 * smoke.STEP_S, abs=0.5)
-    assert g["productive_steps_x_mean_s"] == pytest.approx(300 * smoke.STEP_S, rel=0.05)
-    assert g["goodput"] == pytest.approx(g["productive_s"] / g["wall_s"])
+    bad = g["badput_s"]
+    assert list(bad) == list(badput.CATEGORIES)
+    assert sum(bad.values()) == pytest.approx(g["wall_s"], abs=0.01)  # the categories partition
+    assert bad["lost progress"] == pytest.approx(5 * smoke.STEP_S, abs=0.01)  # the kill's 5 steps
+    # four periodic saves in the window (50, 150, 200, 250), each blocking the loop: badput
+    assert bad["checkpoint save"] == pytest.approx(4 * (smoke.SAVE_S + smoke.STEP_S - 0.01))
+    assert bad["productive"] == pytest.approx(300 * smoke.STEP_S - 4 * 0.09, abs=0.01)
+    assert bad["recovery / infra"] > 10 and bad["compile"] == pytest.approx(4.0)
+    # headline: the reference WITH the same checkpoint policy over the faulted wall time
+    ref = 300 * smoke.STEP_S + 5 * smoke.SAVE_S  # 5 saves: 50, 100, 150, 200, 250
+    assert g["reference_stepping_s"] == pytest.approx(ref, abs=0.05)
+    assert g["goodput"] == pytest.approx(g["reference_stepping_s"] / g["wall_s"])
+    assert g["checkpoint_overhead"] == pytest.approx(ref / (300 * smoke.STEP_S), abs=0.01)
+    assert g["goodput_google"] == pytest.approx(bad["productive"] / g["wall_s"])
     assert g["fingerprint_equal"] is True and g["peak_probe_s"] == 0
     probe = [{"t": 1.0, "json": {"event": "peak_measured", "seconds": 1.5}}, {"t": 1.0, "json": {}}]
     assert goodput_bench.probe_seconds(probe) == 1.5
-    names = [f.name for f in goodput_bench.figures({**g, "period_s": 300.0})]
-    assert names[0].startswith("goodput (P=300 s")
+    figs = goodput_bench.figures({**g, "period_s": 300.0})
+    assert figs[0].name.startswith("goodput: reference with the same checkpoint policy")
+    assert figs[0].met is False  # a 1-minute synthetic run cannot meet a >= 20 min goal
+    assert "checkpoint save" in figs[1].value and "lost progress" in figs[1].value
+    overhead = next(f for f in figs if f.name.startswith("checkpoint overhead, tiny every 5"))
+    assert overhead.met is False and overhead.goal == "<= 1.05"
+    judged = [f for f in figs if f.goal]
+    assert judged and all(f.met is not None for f in judged), [f.name for f in judged]
+    kill = next(f for f in figs if f.name.startswith("steps lost, no-notice kill"))
+    assert kill.goal == "<= 1 checkpoint interval (5)" and kill.met is True
+    assert all(f.n is not None for f in figs)
 
 
 def test_recovery_phases_split_trainer_start_by_its_own_times():

@@ -1,0 +1,255 @@
+"""The fault campaign: `uv run python -m bench faults --count 100 [--seed S]`.
+
+A seeded random mix of faults (bench.faults.KINDS: notices, kills, crashes, hangs, kills during a
+save, stockouts on the re-create) goes into long `tiny` runs on the local pod through the real
+`watch`, one fault whenever the job is healthy again and has stepped past one more checkpoint.
+The campaign runs in legs (`--per-leg` faults each, one pod run with its own uninterrupted
+reference: the pod's GCS is in memory, so a run cannot outlive its pod); after every leg its
+result goes to bench/out/faults/state.json, and a campaign started again with the same count and
+seed goes on with the next leg (resumable). `--per-leg` = `--count` makes it one run.
+
+Per fault: recovered or not, steps lost, recovery time (fault -> first step; for hangs detection
+-> first step), and whether a committed checkpoint was lost: the newest committed step the
+trainers reported before the fault must be the one (or older than the one) the next trainer
+restores from; a restore that falls back past an unreadable step fails that check too. At the end
+of each leg every checkpoint step the bucket still holds is read in full (ops.checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from bench.faults import KINDS
+from bench.podrun import RunRecord, run_on_pod
+from bench.recovery_bench import LABELS, checkpoint_interval, incidents
+from bench.report import Figure, median, spread
+
+# Fault kind -> weight in the random mix.
+MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1}
+assert set(MIX) <= set(KINDS)
+HANG_S = 10.0  # watch's heartbeat limit in the campaign: a hang is detected after this
+
+
+def plan(count: int, seed: int) -> list[str]:
+    """The campaign's faults, in order: the same for the same count and seed."""
+    rng = random.Random(seed)
+    return rng.choices(list(MIX), weights=list(MIX.values()), k=count)
+
+
+def load_state(path: Path, count: int, seed: int, per_leg: int, args: str) -> dict:
+    """The saved campaign if it is this one (same count, seed, legs and job), else a new one."""
+    fresh = {"count": count, "seed": seed, "per_leg": per_leg, "trainer_args": args,
+             "kinds": plan(count, seed), "legs": []}  # fmt: skip
+    if path.exists():
+        saved = json.loads(path.read_text())
+        same = all(saved.get(k) == fresh[k] for k in ("count", "seed", "per_leg", "trainer_args"))
+        if same:
+            return saved
+    return fresh
+
+
+def committed_before(record: RunRecord, fault: dict) -> int | None:
+    """The newest committed step any trainer of the job reported before the fault."""
+    seen = [
+        s.get("last_checkpoint")
+        for s in record.sampled.get("status", [])
+        if s["source"] == "job" and s["t"] < fault["time"] and s.get("last_checkpoint") is not None
+    ]
+    return max(seen, default=None)
+
+
+def survey_checkpoints(pod) -> dict:
+    """Every step the job's workdir still holds, read in full: (un)readable and set aside."""
+    import argparse
+
+    from ops.checkpoints import locate, survey
+
+    try:
+        args = argparse.Namespace(stack="local", pod_dir=pod.paths.root, workdir=None)
+        reports = survey(locate(args), read_values=True)
+    except Exception as err:  # noqa: BLE001 - the check's own failure is reported, not fatal
+        return {"error": f"{type(err).__name__}: {err}"[:300]}
+    return {
+        "steps": [r.step for r in reports if r.committed and not r.set_aside],
+        "unreadable": [r.name for r in reports if r.committed and r.readable is False],
+        "set_aside": [r.name for r in reports if r.set_aside],
+    }
+
+
+def leg_result(record: RunRecord) -> dict:
+    """One leg's faults, each judged, and the leg's end state (fingerprint, checkpoints)."""
+    faults = []
+    for fault, inc in zip(record.injected, incidents(record), strict=True):
+        before = committed_before(record, fault)
+        restored = inc["restored_from"]
+        m = inc["milestones"]
+        start = m.get("detected") if fault["kind"] == "hang" else m["injected"]
+        first = m.get("first_step")
+        faults.append(
+            {
+                "kind": fault["kind"],
+                "step": fault["step"],
+                "committed_before": before,
+                "restored_from": restored,
+                "recovered": first is not None,
+                "committed_lost": restored is not None and before is not None and restored < before,
+                "steps_lost": inc["steps_lost"],
+                "recovery_s": first - start if first is not None and start else None,
+            }
+        )
+    fp = (record.summary or {}).get("params_fingerprint")
+    ref = (record.reference or {}).get("params_fingerprint")
+    return {
+        "outcome": record.exit,
+        "faults": faults,
+        "final_step": (record.summary or {}).get("final_step"),
+        "fingerprint": fp,
+        "reference_fingerprint": ref,
+        "fingerprint_equal": bool(fp and ref and fp == ref),
+        "checkpoints": record.checks,
+    }
+
+
+def run(
+    out_dir: Path,
+    count: int = 100,
+    seed: int = 0,
+    per_leg: int = 25,
+    preset: str = "tiny",
+    sets: tuple[str, ...] = ("checkpoint_every=100",),
+    notice: float = 30.0,
+    console=None,
+) -> dict:
+    interval = checkpoint_interval(" ".join(f"--set {s}" for s in sets)) or 100
+    min_steps = interval + 50  # every fault finds a newer committed step to lose
+    steps = per_leg * (min_steps + 60) + 300
+    args = " ".join([f"--config {preset} --steps {steps}", *(f"--set {s}" for s in sets)])
+    folder = out_dir / "faults"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "state.json"
+    state = load_state(path, count, seed, per_leg, args)
+    legs = [state["kinds"][i : i + per_leg] for i in range(0, count, per_leg)]
+    for index in range(len(state["legs"]), len(legs)):
+        if console is not None:
+            console.print(f"fault campaign leg {index + 1}/{len(legs)}: {', '.join(legs[index])}")
+        record = run_on_pod(
+            folder / "pod",
+            args,
+            {"kinds": legs[index], "min_steps": min_steps},
+            notice=notice,
+            reference=True,
+            references=(),
+            hang=HANG_S,
+            after=survey_checkpoints,
+            console=console,
+        )
+        record.save(folder / f"leg-{index + 1}.json")
+        state["legs"].append(leg_result(record))
+        path.write_text(json.dumps(state, indent=1) + "\n")
+    return summarise(state)
+
+
+def summarise(state: dict) -> dict:
+    faults = [f for leg in state["legs"] for f in leg["faults"]]
+    kinds = {}
+    for kind in dict.fromkeys(f["kind"] for f in faults):
+        mine = [f for f in faults if f["kind"] == kind]
+        kinds[kind] = {
+            "injected": len(mine),
+            "recovered": sum(f["recovered"] for f in mine),
+            "committed_lost": sum(f["committed_lost"] for f in mine),
+            "steps_lost": [f["steps_lost"] for f in mine if f["steps_lost"] is not None],
+            "recovery_s": [f["recovery_s"] for f in mine if f["recovery_s"] is not None],
+        }
+    checks = [leg["checkpoints"] for leg in state["legs"]]
+    return {
+        "count": state["count"],
+        "seed": state["seed"],
+        "trainer_args": state["trainer_args"],
+        "planned": len(state["kinds"]),
+        "injected": len(faults),
+        "legs": len(state["legs"]),
+        "kinds": kinds,
+        "committed_lost": sum(f["committed_lost"] for f in faults),
+        "unreadable": sum(
+            len(c.get("unreadable", [])) + len(c.get("set_aside", [])) for c in checks
+        ),
+        "check_errors": [c["error"] for c in checks if "error" in c],
+        "fingerprints_equal": all(leg["fingerprint_equal"] for leg in state["legs"]),
+        "outcomes": [leg["outcome"] for leg in state["legs"]],
+    }
+
+
+def figures(r: dict) -> list[Figure]:
+    what = f"{r['injected']} faults, seed {r['seed']}, {r['legs']} legs"
+    corrupt = r["committed_lost"] + r["unreadable"]
+    figs = [
+        Figure(
+            f"fault campaign: committed checkpoints lost or corrupt ({what})",
+            corrupt,
+            n=r["injected"],
+            goal="0",
+            met=corrupt == 0 and not r["check_errors"] and r["injected"] == r["planned"],
+            note=f"restores older than the newest committed step: {r['committed_lost']}; steps "
+            f"unreadable or set aside at the end of each leg: {r['unreadable']}"
+            + (f"; check errors: {'; '.join(r['check_errors'])}" if r["check_errors"] else "")
+            + (
+                f"; only {r['injected']} of {r['planned']} injected"
+                if r["injected"] < r["planned"]
+                else ""
+            )  # fmt: skip
+            + f"; job: {r['trainer_args']}",
+        ),
+        Figure(
+            f"fault campaign: final fingerprint equals the uninterrupted run ({what})",
+            "yes" if r["fingerprints_equal"] else "no",
+            n=r["legs"],
+            goal="yes",
+            met=r["fingerprints_equal"] and all(o == "done" for o in r["outcomes"]),
+            note=f"each leg against its own uninterrupted reference; outcomes: "
+            f"{', '.join(r['outcomes'])}",
+        ),
+    ]
+    interval = checkpoint_interval(r["trainer_args"])
+    for kind, k in r["kinds"].items():
+        label = LABELS.get(kind, kind)
+        rec, lost = k["recovery_s"], k["steps_lost"]
+        figs.append(
+            Figure(
+                f"fault campaign, {label}: recovered / injected",
+                f"{k['recovered']} / {k['injected']}",
+                n=k["injected"],
+                goal="all",
+                met=k["recovered"] == k["injected"],
+                note=f"committed checkpoints lost: {k['committed_lost']}",
+            )
+        )
+        worst = max(rec) if rec else None
+        figs.append(
+            Figure(
+                f"fault campaign, {label}: recovery"
+                + (" (detection -> first step)" if kind == "hang" else " (fault -> first step)"),
+                median(rec) if rec else "not measured",
+                "s" if rec else "",
+                n=len(rec),
+                spread=spread(rec, "s"),
+                note=f"median; worst {worst:.1f} s" if worst is not None else "",
+            )
+        )
+        goal = "0" if kind == "notice" else f"<= 1 checkpoint interval ({interval})"
+        limit = 0 if kind == "notice" else interval
+        figs.append(
+            Figure(
+                f"fault campaign, {label}: steps lost",
+                median(lost) if lost else "not measured",
+                "steps" if lost else "",
+                goal,
+                None if not lost or limit is None else max(lost) <= limit,
+                n=len(lost),
+                spread=spread([float(x) for x in lost], digits=0),
+                note=f"median; worst {max(lost)}; met: every fault" if lost else "",
+            )
+        )
+    return figs
