@@ -17,6 +17,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POD_DIR_ENV = "TPUPOD_POD_DIR"
 
+
 class SliceState(StrEnum):
     """google.cloud.tpu_v2.Node.State names, plus MISSING (no node: never a Node's state)."""
 

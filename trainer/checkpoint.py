@@ -16,11 +16,13 @@ import time
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from trainer import storage
 from trainer.config import BadInput, Config, shape_signature
+from trainer.tokenizer import identity_of
 
 
 def save_policy(cfg: Config):
@@ -44,9 +46,12 @@ def preservation_policy(cfg: Config):
 
 
 class Checkpoints:
-    def __init__(self, workdir: str, cfg: Config, process_count: int):
+    def __init__(self, workdir: str, cfg: Config, process_count: int, data: dict | None = None):
         self.directory = storage.join(workdir, "checkpoints")
         self.meta = {"process_count": process_count, "shapes": shape_signature(cfg)}
+        # What the run trains on (trainer.data.checkpoint_meta: data URI, tokenizer, config):
+        # `sample` decodes with it, and a resume refuses data of another tokenizer.
+        self.meta.update(data or {})
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=save_policy(cfg),
             preservation_policy=preservation_policy(cfg),
@@ -73,14 +78,16 @@ class Checkpoints:
         self._pending: int | None = None
         self._said_behind = False
         self.behind: dict | None = None  # set once: the first save that found one in flight
+        self.deferred = 0  # periodic saves that came due while the previous one still wrote
+        self._deferred_from: int | None = None  # the first step of a save deferred, not yet taken
 
     def step_dir(self, step: int) -> str:
         return storage.join(self.directory, str(step))
 
     def check_compatible(self, step: int, abstract_state) -> None:
         """Refuses, as bad input and before touching anything, a checkpoint this run can't use:
-        another process count, other config shapes, or a state tree of other leaves or shapes
-        (a trainer version that names or lays out parameters differently)."""
+        another process count, another tokenizer, other config shapes, or a state tree of other
+        leaves or shapes (a trainer version that names or lays out parameters differently)."""
         restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         meta = restored["meta"]
         where = f"checkpoint step {step} in {self.directory}"
@@ -88,6 +95,13 @@ class Checkpoints:
             raise BadInput(
                 f"{where} was written by {meta.get('process_count')} processes, this run has "
                 f"{self.meta['process_count']} (the data iterator state needs the same count)"
+            )
+        trained, now = identity_of(meta.get("tokenizer")), identity_of(self.meta.get("tokenizer"))
+        if trained != now:
+            raise BadInput(
+                f"{where} was trained with tokenizer {trained[:12]} (data "
+                f"{meta.get('data', 'byte-level')}), this run's data {self.meta.get('data')} has "
+                f"tokenizer {now[:12]}: resume with the data it trained on, or use a new --workdir"
             )
         if meta.get("shapes") != self.meta["shapes"]:
             raise BadInput(
@@ -113,7 +127,34 @@ class Checkpoints:
         return restored["state"], restored["data"]
 
     def should_save(self, step: int) -> bool:
-        return self.manager.should_save(step)
+        """A periodic save is due and the previous one has finished writing. One that comes due
+        while the previous still writes is deferred, never waited for: the loop keeps stepping and
+        the save is taken at the first step after the writer is free (coalesced: one save for all
+        that came due meanwhile; `deferred` counts them). Every process decides alike (the busy
+        flag is gathered), so Orbax's collective save starts on all of them or on none.
+        Preemption and final saves do not come through here: they are never deferred."""
+        due = self.manager.should_save(step)
+        if not due and self._deferred_from is None:
+            return False
+        if self._writer_busy():
+            self.deferred += int(due)
+            if self._deferred_from is None:
+                self._deferred_from = step
+                if not self._said_behind:
+                    self._said_behind = True
+                    self.behind = {"step": step, "in_flight": self._pending, "waited_s": 0.0,
+                                   "deferred": True}  # fmt: skip
+            return False
+        self._deferred_from = None
+        return True
+
+    def _writer_busy(self) -> bool:
+        busy = self._pending is not None and self.manager.is_saving_in_progress()
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            busy = bool(np.any(multihost_utils.process_allgather(np.int32(busy))))
+        return busy
 
     def save(self, step: int, state, data_iter) -> None:
         """Starts a save (async: returns once the arrays are copied off the devices). Orbax first
@@ -139,6 +180,13 @@ class Checkpoints:
         """The one warning for saves that cannot keep up with the interval, with the fix."""
         b, every = self.behind, cfg.checkpoint_every
         fix = f"--set checkpoint_every={max(2 * every, 1)}" if every else "a longer interval"
+        if b.get("deferred"):
+            return (
+                f"checkpoint save of step {b['in_flight']} was still in flight when step "
+                f"{b['step']} was due: that save is deferred to the first step after the write "
+                f"finishes (training does not wait), so a kill can lose more than one interval "
+                f"of steps; raise checkpoint_every ({fix})"
+            )
         return (
             f"checkpoint save of step {b['in_flight']} was still in flight when step {b['step']} "
             f"was due (training waited {b['waited_s']} s): saves take longer than the interval, "

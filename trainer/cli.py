@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m trainer",
         description="Multi-host JAX language-model trainer with exact resume after preemption. "
         "Exit codes: 0 done, 1 failed, 2 bad input, 75 preempted (checkpoint committed; "
-        "restart to resume).",
+        "restart to resume). `python -m trainer sample --help`: text from a checkpoint.",
         epilog=_config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -126,6 +126,11 @@ def _configure_compile_cache(uri: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sample"]:  # `python -m trainer sample`: generate from a checkpoint
+        from trainer.sample import main as sample_main
+
+        return sample_main(argv[1:])
     args = parser().parse_args(argv)
     first = not args.process_id  # process 0 (or the only one): the one that writes stdout
     if first:
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             allocator=allocator.name(),
         )
     # Cheap checks first, before the heavy imports: bad input fails in well under a second.
-    from trainer.config import BadInput, load_config
+    from trainer.config import BadInput, explicit_keys, load_config
     from trainer.status import EXIT_BAD_INPUT, EXIT_FAILED, StatusFile, TrainerState
 
     hb = None
@@ -196,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
 
         train.CacheHits.install()
         cfg = with_generation_batch(cfg, generation(jax.devices()[0]))
-        return train.run(cfg, workdir, hb, preemption)
+        explicit_vocab = "vocab_size" in explicit_keys(args.config, args.set)
+        return train.run(cfg, workdir, hb, preemption, explicit_vocab)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if hb is not None:

@@ -28,6 +28,10 @@ class Config:
     seq_len: int = 64
     rope_theta: float = 10000.0
     compute_dtype: str = "auto"  # auto: bfloat16 on accelerators, float32 on CPU
+    # auto: cuDNN's fused attention on a GPU in 16-bit (never materialises the T x T scores),
+    # else XLA's; `xla` or `cudnn` to choose.
+    attention: str = "auto"
+    remat: bool = False  # recompute each block's activations in the backward pass (memory)
     # Optimisation.
     batch_size: int = 8  # global batch, in sequences
     batch_size_by_generation: dict = field(default_factory=dict)  # e.g. {"v5e": 256}
@@ -51,6 +55,9 @@ class Config:
     checkpoint_every: int = 5  # steps; 0 disables step-based saves
     checkpoint_every_seconds: float = 0.0  # 0 disables time-based saves
     checkpoint_async: bool = True
+    # ocdbt: Orbax's default on GCS and what production runs, everywhere (the local pod's emulator
+    # included); plain: one tensorstore object per array chunk, the format before issue 15.
+    checkpoint_format: str = "ocdbt"
     keep_latest: int = 3
     keep_every: int = 0  # additionally keep every M-th step; 0 disables
     heartbeat_seconds: float = 2.0
@@ -100,7 +107,7 @@ PRESETS: dict[str, dict] = {
         d_ff=5632,
         seq_len=2048,
         batch_size=64,
-        batch_size_by_generation={"v4": 256, "v5e": 128, "v5p": 512, "v6e": 256, "h100": 32},
+        batch_size_by_generation={"v4": 256, "v5e": 128, "v5p": 512, "v6e": 256, "h100": 16},
         steps=50000,
         learning_rate=2e-4,
         warmup_steps=2000,
@@ -113,7 +120,9 @@ PRESETS: dict[str, dict] = {
     ),
 }
 
+CHECKPOINT_FORMATS = ("ocdbt", "plain")
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 
 def _coerce(key: str, raw: str):
@@ -175,6 +184,15 @@ def load_config(name: str, sets: list[str] = (), **direct) -> Config:
     return cfg
 
 
+def explicit_keys(name: str, sets: list[str] = ()) -> set[str]:
+    """The keys the user chose (a YAML file's own keys, `--set`), as opposed to a preset's."""
+    keys = {item.partition("=")[0] for item in sets}
+    if name not in PRESETS and Path(name).is_file():
+        loaded = yaml.safe_load(Path(name).read_text()) or {}
+        keys |= set(loaded) - {"preset"} if isinstance(loaded, dict) else set()
+    return keys
+
+
 def validate(cfg: Config) -> None:
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
         raise BadInput(f"d_model={cfg.d_model} must split into {cfg.n_heads} even-sized heads")
@@ -183,6 +201,13 @@ def validate(cfg: Config) -> None:
             raise BadInput(f"{key} must be positive, got {getattr(cfg, key)}")
     if cfg.keep_latest < 1:
         raise BadInput("keep_latest must be >= 1")
+    if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
+        raise BadInput(
+            f"attention={cfg.attention!r}: use one of {', '.join(ATTENTION_IMPLEMENTATIONS)}"
+        )
+    if cfg.checkpoint_format not in CHECKPOINT_FORMATS:
+        known = ", ".join(CHECKPOINT_FORMATS)
+        raise BadInput(f"checkpoint_format={cfg.checkpoint_format!r}: use one of {known}")
 
 
 def with_generation_batch(cfg: Config, generation: str | None) -> Config:

@@ -1,4 +1,5 @@
-"""The grain input pipeline, and `python -m trainer.data prepare --source DIR --out URI`.
+"""The grain input pipeline, the run's vocabulary from its data, and
+`python -m trainer.data prepare --source PATH_OR_GLOB... --out URI` (trainer.prepare).
 
 Global row g of the stream is window perm_e[g mod W] of epoch e = g div W (a seeded permutation
 per epoch). Step t's global batch is rows t*B .. t*B+B-1; process p of P reads only its slice
@@ -9,7 +10,9 @@ iterator's state (how many local batches it has produced) pins the exact positio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from dataclasses import dataclass
 
 import grain
 import jax
@@ -17,6 +20,7 @@ import numpy as np
 
 from trainer import shards
 from trainer.config import BadInput, Config
+from trainer.tokenizer import BYTES_INFO, TokenizerInfo
 
 
 class LocalRows:
@@ -50,11 +54,46 @@ class LocalRows:
         return self.tokens[start : start + self.seq_len + 1].astype(np.int32)
 
 
-def load_source_tokens(cfg: Config) -> tuple[np.ndarray, str]:
+@dataclass(frozen=True)
+class Source:
+    tokens: np.ndarray
+    uri: str  # what the run trained on: a shard directory, or "synthetic"
+    tokenizer: TokenizerInfo
+
+
+def load_source(cfg: Config) -> Source:
     if cfg.data == "synthetic":
-        return shards.synthetic_tokens(cfg.seed), "synthetic"
+        return Source(shards.synthetic_tokens(cfg.seed), "synthetic", BYTES_INFO)
     uri = cfg.data or shards.default_corpus()
-    return shards.load_tokens(uri), uri
+    tokens, info = shards.load(uri)
+    return Source(tokens, uri, info)
+
+
+def load_source_tokens(cfg: Config) -> tuple[np.ndarray, str]:
+    source = load_source(cfg)
+    return source.tokens, source.uri
+
+
+def checkpoint_meta(cfg: Config, source: Source) -> dict:
+    """What each checkpoint records about the run's data: `sample` decodes with it, a resume
+    refuses another tokenizer."""
+    return {"data": source.uri, "tokenizer": source.tokenizer.to_json(), "config": cfg.__dict__}
+
+
+def fit_vocab(cfg: Config, source: Source, explicit: bool) -> tuple[Config, str | None]:
+    """The model's vocabulary holds every token of the data: a preset's smaller `vocab_size` is
+    raised to the tokenizer's (returns the note that says so), one set explicitly is refused."""
+    need = source.tokenizer.vocab_size
+    if cfg.vocab_size >= need:
+        return cfg, None
+    if explicit:
+        raise BadInput(
+            f"vocab_size={cfg.vocab_size} (set explicitly) is smaller than the data's tokenizer "
+            f"vocabulary of {need} ({source.tokenizer.kind}, {source.uri}): set vocab_size={need} "
+            "or more, or leave it to the data"
+        )
+    note = f"vocab_size raised from the preset's {cfg.vocab_size} to the data's tokenizer's {need}"
+    return dataclasses.replace(cfg, vocab_size=need), note
 
 
 def make_iterator(cfg: Config, tokens: np.ndarray):
@@ -84,23 +123,36 @@ def global_batch(local: np.ndarray, cfg: Config, sharding) -> jax.Array:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trainer import prepare, tokenizer
+
     parser = argparse.ArgumentParser(
         prog="python -m trainer.data", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="turn a directory of text files into byte token shards")
-    prep.add_argument("--source", help="directory of text files (default: the stdlib sources)")
+    prep = sub.add_parser("prepare", help="tokenize .txt, .jsonl(.gz), .parquet into shards")
+    prep.add_argument(
+        "--source",
+        nargs="+",
+        help="files, directories or globs, local or gs:// (default: the stdlib sources)",
+    )
     prep.add_argument("--out", required=True, help="output directory: local path or gs://bucket/p")
-    prep.add_argument("--glob", default=None, help="file pattern (default **/*, stdlib: *.py)")
+    prep.add_argument(
+        "--tokenizer",
+        default=tokenizer.BYTES,
+        help="`bytes` (default) or a Hugging Face tokenizer.json, local or gs://",
+    )
+    prep.add_argument("--text-field", default="text", help="JSON / Parquet field of the text")
+    prep.add_argument("--glob", default=None, help="file pattern inside directories (default **/*)")
     args = parser.parse_args(argv)
-    source = args.source or shards.default_corpus_source()
-    pattern = args.glob or ("**/*" if args.source else "*.py")
+    sources, pattern = (args.source, "**/*") if args.source else prepare.default_sources()
     try:
-        index = shards.prepare(source, args.out, pattern)
+        index = prepare.prepare(
+            sources, args.out, args.tokenizer, args.text_field, args.glob or pattern
+        )
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {len(index['shards'])} shards, {index['tokens']} tokens to {args.out}")
+    print(prepare.describe(index, args.out))
     return 0
 
 

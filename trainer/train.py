@@ -6,6 +6,7 @@ Exit codes (trainer.status): 0 done, 2 bad input, 75 preempted with its checkpoi
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import jax
@@ -16,6 +17,7 @@ from trainer.config import Config
 from trainer.metrics import Heartbeat, MetricsLog
 from trainer.model import count_params, flops_per_token
 from trainer.peak import peak_flops
+from trainer.restore import restore_newest_readable
 from trainer.sharding import Setup, compute_dtype, make_mesh, params_fingerprint
 from trainer.status import EXIT_DONE, EXIT_PREEMPTED, TrainerState
 
@@ -34,15 +36,21 @@ class CacheHits:
         jax.monitoring.register_event_listener(listener)
 
 
-def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int:
+def run(
+    cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption, explicit_vocab: bool = False
+) -> int:
     t_start = time.time()
     pid = jax.process_index()
     log = MetricsLog(workdir, enabled=pid == 0)
 
-    # 1. Mesh, model, optimizer, shardings; this process's slice of the data.
+    # 1. The data (its tokenizer fixes the vocabulary), mesh, model, optimizer, shardings.
+    loaded = data.load_source(cfg)
+    cfg, vocab_note = data.fit_vocab(cfg, loaded, explicit_vocab)
+    if vocab_note and pid == 0:
+        print(f"note: {vocab_note}", file=sys.stderr, flush=True)
+    tokens, source = loaded.tokens, loaded.uri
     mesh = make_mesh(cfg)
     setup = Setup(cfg, mesh)
-    tokens, source = data.load_source_tokens(cfg)
     data_iter = data.make_iterator(cfg, tokens)
     n_params = count_params(setup.abstract_state["params"])
     log.event(
@@ -53,16 +61,30 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
         mesh=dict(mesh.shape),
         data=source,
         data_tokens=int(len(tokens)),
+        tokenizer=loaded.tokenizer.to_json(),
+        vocab_note=vocab_note,
         config=cfg.__dict__,
     )
 
     # 2. Resume from the latest committed checkpoint, or create a fresh state already sharded.
-    checkpoints = Checkpoints(workdir, cfg, jax.process_count())
-    restored_from = checkpoints.committed
+    # A committed step that cannot be read is reported, moved aside, and the one before it used.
+    t_restore = time.perf_counter()
+    checkpoints = Checkpoints(workdir, cfg, jax.process_count(), data.checkpoint_meta(cfg, loaded))
+    restored_from, state, data_iter, unreadable = restore_newest_readable(
+        checkpoints, setup.abstract_state, data_iter
+    )
+    for bad in unreadable:
+        line = bad.line(restored_from)
+        if pid == 0:
+            print(f"warning: {line}", file=sys.stderr, flush=True)
+        log.event("checkpoint_fallback", step=bad.step, restored=restored_from, file=bad.file,
+                  reason=bad.reason, moved_to=bad.moved_to)  # fmt: skip
+        hb.update(message=f"checkpoint_fallback: {line}")
+    checkpoints.committed = restored_from
     if restored_from is not None:
-        checkpoints.check_compatible(restored_from, setup.abstract_state)
-        state, data_iter = checkpoints.restore(restored_from, setup.abstract_state, data_iter)
-        log.event("restored", step=restored_from, directory=checkpoints.directory)
+        restore_s = round(time.perf_counter() - t_restore, 3)  # listing, checks, every read
+        log.event("restored", step=restored_from, directory=checkpoints.directory,
+                  seconds=restore_s)  # fmt: skip
     else:
         state = setup.init_state(cfg.seed)
     step = int(jax.device_get(state["step"]))
@@ -91,6 +113,7 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
     last_report = (step, time.perf_counter())
     last_metrics: dict = {}
     preempted = False
+    said_behind = False
 
     def report(done_step: int, metrics) -> None:
         nonlocal last_report, last_metrics
@@ -146,6 +169,11 @@ def run(cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption) -> int
                 if preempted:  # stays SAVING until the commit: ops sees why it is not stepping
                     log.event("preemption_save_started", step=step)
                     break
+                if checkpoints.behind is not None and not said_behind:
+                    said_behind = True
+                    if pid == 0:
+                        print(f"warning: {checkpoints.behind_line(cfg)}", file=sys.stderr)
+                    log.event("checkpoint_behind", **checkpoints.behind)
                 hb.update(state=TrainerState.TRAINING, last_checkpoint=checkpoints.committed)
         if pending is not None:
             report(*pending)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import metadata, naming, offline
+from infra import metadata, naming, offline, policies
 from infra.config import ConfigError, parse
 from infra.identity import READ_ONLY
 
@@ -66,6 +66,9 @@ def test_workers_read_the_stacks_data_prefix_only():
     assert f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/data/")' in expression
     args = evaluation.one("gcp:tpu/v2Vm:V2Vm").inputs["metadata"][metadata.TRAINER_ARGS]
     assert f"--set data=gs://{bucket}/data/corpus-bpe" in args
+    resources = [(r.type, r.inputs, r.protect) for r in evaluation.resources]
+    found = [v for t, i, p in resources for v in policies.violations(t, i, p)]
+    assert found + policies.stack_violations((t, i) for t, i, _ in resources) == []
 
 
 def test_data_elsewhere_adds_no_grant_on_the_stack_bucket():

@@ -12,7 +12,9 @@ from trainer.status import read_status
 
 WD = "gs://tpupod-test/runs/fallback"
 CKPT = f"{WD}/checkpoints"
-SETS = ["--set", "checkpoint_every=4", "--set", "keep_latest=3"]
+# Synchronous saves: every fourth step is committed before the next one (an async save still
+# writing when the next falls due would be coalesced into a later step, trainer/checkpoint.py).
+SETS = ["--set", "checkpoint_every=4", "--set", "keep_latest=3", "--set", "checkpoint_async=false"]
 
 
 def _objects(fs, prefix: str = CKPT) -> dict[str, int]:
