@@ -103,15 +103,17 @@ def run(pod_dir: Path) -> int:
     return boot.returncode
 
 
-def start(pod_dir: Path) -> int:
-    """The watcher VM, detached; its pid (also in watcher/vm.pid)."""
+def start(pod_dir: Path, watch_args: str | None = None) -> int:
+    """The watcher VM, detached; its pid (also in watcher/vm.pid). `watch_args`: extra
+    `tpupod watch` flags (TPUPOD_WATCH_ARGS), e.g. the demo's shorter hang timeout."""
     here = vm_dir(pod_dir)
     here.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **({"TPUPOD_WATCH_ARGS": watch_args} if watch_args is not None else {})}
     with (here / "vm.log").open("ab") as log:
         popen = subprocess.Popen(
             [sys.executable, "-m", "localpod.watcher_vm", str(Path(pod_dir).resolve())],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )  # fmt: skip
     (here / "vm.pid").write_text(f"{popen.pid} {procs.start_time(popen.pid) or 0}")
     return popen.pid
@@ -131,6 +133,15 @@ def stop(pod_dir: Path, timeout: float = 20.0) -> bool:
             procs.kill_tree(pid_i, include_root=True)
     path.unlink(missing_ok=True)
     return True
+
+
+def running(pod_dir: Path) -> bool:
+    """The watcher VM started by `start` is still up (its recorded pid and start time)."""
+    try:
+        pid, started = (vm_dir(pod_dir) / "vm.pid").read_text().split()
+    except (OSError, ValueError):
+        return False
+    return procs.alive(int(pid), int(started) or None)
 
 
 def watch_pid(pod_dir: Path) -> int | None:

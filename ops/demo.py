@@ -1,6 +1,11 @@
 """`tpupod demo`: a 2-worker local pod trains, is preempted (with notice; its first recreate
-meets a stockout) and hangs, recovers through `watch` and the TPU API exactly as on GCP, and its
-final weights are compared with an uninterrupted run of the same job.
+meets a stockout) and hangs; the pod's watcher VM recovers it through the TPU API exactly as the
+stack's watcher does on GCP, and the final weights are compared with an uninterrupted run.
+
+The watcher VM (localpod.watcher_vm) boots from its own startup script and runs `tpupod watch`
+under its supervisor; this process only observes, as a laptop would: it follows the watcher's
+journal and lease in the bucket (`tpupod logs --watcher`, `tpupod status`), reads the trainers'
+status over SSH, injects the faults when the job is healthy at the planned step, and reports.
 
 The uninterrupted reference runs afterwards in the same pod, over SSH, with the job's own
 trainer.env (same venv, config, seed, process count and devices) and only the workdir changed:
@@ -11,7 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -23,19 +32,26 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from localpod import watcher_vm
 from ops.cli import CliError
-from ops.incident import IncidentStore
-from ops.journal import Journal
-from ops.provider import ProviderError
-from ops.recovery import Limits, Probe
+from ops.journal import echo
+from ops.lease import Lease
+from ops.provider import ProviderError, SliceState
+from ops.recovery import NOTICE_HEALTH, Probe
+from ops.remote_state import STORAGE_ERRORS, RemoteState
 from ops.target import ROOT, local_target
 from ops.tpu import TpuProvider
-from ops.watch import WatchConfig, Watcher
+from ops.watch import Watcher
 from ops.workers import ROOT as REMOTE_ROOT
 from ops.workers import WorkerGroup, as_root
+from trainer.status import TrainerState
 
 REFERENCE_PREFIX = "runs/reference"
 NOTICE_S = 60.0  # SIGTERM -> SIGKILL; the trainer exits once its save is committed
+HANG_S = 10.0  # heartbeat age that is a hang (the local default is 30 s)
+WATCH_ARGS = f"--hang-timeout {HANG_S:g} --backoff 1"  # the watcher VM's `tpupod watch` flags
+OBSERVE_S = 1.0  # the observer's poll: journal objects; trainer status while a fault is due
+PROGRESS_S = 5.0  # trainer status for the progress bar only
 # The reference: the job's trainer.env, exported line by line (values hold spaces), a fresh
 # workdir, and no periodic checkpoints (they cannot change the weights; they only cost time).
 REFERENCE_COMMAND = (
@@ -46,13 +62,6 @@ REFERENCE_COMMAND = (
     'read -r -a args <<< "$TPUPOD_TRAINER_ARGS" && '
     '.venv/bin/python -m trainer "${args[@]}" --set checkpoint_every=0 > "$R/reference.log" 2>&1'
 )
-
-
-def demo_config(hang: float = 10.0) -> WatchConfig:
-    limits = Limits(hang=hang, start=300.0, stall=400.0, bootstrap=600.0, ssh=60.0,
-                    preempt_grace=NOTICE_S + 15)  # fmt: skip
-    return WatchConfig(limits=limits, poll=0.5, max_failures=3, ready_deadline=180.0,
-                       backoff_base=1.0, capacity_backoff=1.0)  # fmt: skip
 
 
 def pod_provider(pod_dir) -> TpuProvider:
@@ -71,7 +80,9 @@ class Fault:
 
 @dataclass
 class FaultPlan:
-    """Injects faults in order, each once the previous one has been recovered (on_poll hook)."""
+    """Injects faults in order, each once the previous one has been recovered and every worker
+    trains at its step: from the demo's observer loop (`observed`), or from an in-process
+    Watcher's on_poll hook (tests, benchmarks)."""
 
     faults: list[Fault]
     pod: object
@@ -81,29 +92,52 @@ class FaultPlan:
 
     def __call__(self, watcher: Watcher, probes: list[Probe]) -> None:
         steps = [p.status.step for p in probes if p.status and p.status.heartbeat >= watcher.since]
-        if self.progress is not None and steps:
-            self.progress.update(self.task, completed=max(steps))
-        pending = [f for f in self.faults if f.kind not in self.injected]
-        if not pending or not steps or len(steps) < len(probes):
-            return
         last = max(self.injected.values(), default=0.0)
         inc = watcher.incident
         settled = not self.injected or (
             inc is not None and inc.detected_at >= last and "resumed" in inc.phases
         )
-        fault = pending[0]
-        if settled and min(steps) >= fault.at_step:
-            try:
-                fault.inject(self.pod)
-                if fault.then is not None:
-                    fault.then(self.pod)
-            except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
-                watcher.journal.event("error", f"fault injection deferred: {err}")
-                return
-            self.injected[fault.kind] = time.time()
-            watcher.journal.event(
-                "injected", f"{fault.label} at step ~{min(steps)}", kind=fault.kind, step=min(steps)
-            )
+        if len(steps) == len(probes) and (fault := self.due(steps, settled)) is not None:
+            self.inject(fault, min(steps), watcher.journal.event)
+
+    def observed(self, view: WatcherView, trainers: TrainerProbe) -> None:
+        """The demo's loop: what the laptop sees (the watcher's journal, trainers over SSH); no
+        SSH while the watcher recovers (the 2 cores are busier with that)."""
+        settled = all(view.seen("resumed", kind, after=t) for kind, t in self.injected.items())
+        pending = any(f.kind not in self.injected for f in self.faults)
+        every = OBSERVE_S if pending else PROGRESS_S  # SSH costs CPU the trainers need
+        if not settled or view.recovering() or time.time() - trainers.probed_at < every:
+            return
+        probes = trainers.probe()
+        steps = [p.status.step for p in probes if fresh(p)]
+        if probes and len(steps) == len(probes) and (fault := self.due(steps, settled)):
+            self.inject(fault, min(steps), view.note)
+
+    def due(self, steps: list[int], settled: bool) -> Fault | None:
+        if self.progress is not None and steps:
+            self.progress.update(self.task, completed=max(steps))
+        pending = [f for f in self.faults if f.kind not in self.injected]
+        if pending and steps and settled and min(steps) >= pending[0].at_step:
+            return pending[0]
+        return None
+
+    def inject(self, fault: Fault, step: int, journal: Callable[..., object]) -> None:
+        try:
+            fault.inject(self.pod)
+            if fault.then is not None:
+                fault.then(self.pod)
+        except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
+            journal("error", f"fault injection deferred: {err}")
+            return
+        self.injected[fault.kind] = time.time()
+        journal("injected", f"{fault.label} at step ~{step}", kind=fault.kind, step=step)
+
+
+def fresh(probe: Probe) -> bool:
+    """A live trainer training with a recent heartbeat."""
+    s = probe.status
+    return bool(s and s.state is TrainerState.TRAINING and probe.alive is not False
+                and (probe.heartbeat_age or 0.0) < HANG_S / 2)  # fmt: skip
 
 
 def demo_faults(steps: int) -> list[Fault]:
@@ -114,6 +148,110 @@ def demo_faults(steps: int) -> list[Fault]:
               then=lambda pod: pod.inject_stockout(1)),
         Fault("hang", int(steps * 0.65), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
     ]  # fmt: skip
+
+
+class WatcherView:
+    """The laptop's view of the watcher VM: its journal from the bucket as `tpupod logs
+    --watcher` reads it, echoed and copied (with the demo's own events) to a local journal."""
+
+    def __init__(self, state: RemoteState, path: Path, console: Console):
+        self.state, self.path, self.console = state, path, console
+        self.cursor = ""
+        self.events: list[dict] = []
+        path.unlink(missing_ok=True)
+
+    def poll(self) -> None:
+        try:
+            records = self.state.read_journal(after=self.cursor)
+        except STORAGE_ERRORS:
+            return
+        for name, record in records:
+            self.cursor = name
+            self._keep(record, "[watcher] ")
+
+    def note(self, name: str, message: str = "", **fields) -> None:
+        self._keep({"time": time.time(), "event": name, "message": message, "by": "demo",
+                    **fields}, "[demo]    ")  # fmt: skip
+
+    def _keep(self, record: dict, prefix: str) -> None:
+        self.events.append(record)
+        with self.path.open("a") as out:
+            out.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        echo(self.console, record, prefix)
+
+    def seen(self, name: str, kind: str | None = None, after: float = 0.0) -> bool:
+        return any(e["event"] == name and kind in (None, e.get("kind")) and e["time"] >= after
+                   and e.get("by") != "demo" for e in self.events)  # fmt: skip
+
+    def recovering(self) -> bool:
+        """The watcher's last incident is still open (detected, not yet resumed)."""
+        marks = [e["event"] for e in self.events if e["event"] in ("detected", "resumed")]
+        return bool(marks) and marks[-1] == "detected"
+
+    def final(self) -> dict | None:
+        return next((e for e in self.events if e["event"] in ("done", "gave_up")), None)
+
+    def holder(self) -> str | None:
+        try:
+            view = Lease(self.state, "demo-observer", 0.0).read()
+        except STORAGE_ERRORS:
+            return None
+        return view.holder if view else None
+
+
+class TrainerProbe:
+    """The trainers' status over SSH as the operator (what `tpupod status` shows); the node is
+    only read through the TPU API, never changed."""
+
+    def __init__(self, provider: TpuProvider):
+        self.provider, self.group = provider, None
+        self.probed_at = 0.0
+
+    def probe(self) -> list[Probe]:
+        self.probed_at = time.time()
+        if self.group is None:
+            try:
+                info = self.provider.describe()
+            except ProviderError:
+                return []
+            if (
+                info.state is not SliceState.READY
+                or info.health in NOTICE_HEALTH
+                or not info.workers
+            ):
+                return []
+            self.group = WorkerGroup(info.workers, retries=0, connect_timeout=5.0)
+        probes = self.group.probe()
+        if not all(p.reachable for p in probes):
+            self.close()  # a recreated slice has new workers: describe it again next time
+            return []
+        return probes
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+def observe(pod, view: WatcherView, plan: FaultPlan, deadline: float) -> dict:
+    """Until the watcher VM journals `done` or `gave_up`: draw progress, inject the faults."""
+    trainers = TrainerProbe(pod_provider(pod.paths.root))
+    logs = watcher_vm.vm_dir(pod.paths.root)
+    try:
+        while (end := view.final()) is None:
+            if not watcher_vm.running(pod.paths.root):
+                raise CliError(f"the watcher VM stopped; see {logs}/boot.log and vm.log")
+            if time.time() > deadline:
+                raise CliError(
+                    f"no `done` from the watcher VM in time; see {logs}/root/watcher.log"
+                )
+            if view.seen("watching"):
+                plan.observed(view, trainers)
+            time.sleep(OBSERVE_S)
+            view.poll()
+        return end
+    finally:
+        trainers.close()
 
 
 def read_object(pod_dir, path: str) -> dict | None:
@@ -155,7 +293,8 @@ def run_reference(pod, console: Console) -> tuple[dict | None, float]:
     return read_object(pod.paths.root, f"{REFERENCE_PREFIX}/summary.json"), time.time() - started
 
 
-def report(console, events, injected, summary, reference, wall, ref_wall) -> bool:
+def report(console, events, injected, summary, reference, wall, ref_wall, holder=None) -> bool:
+    events = [e for e in events if e.get("by") != "demo"]  # the watcher's
     by = {e["event"]: e for e in events}
     detected = [e for e in events if e["event"] == "detected"]
     resumed = [e for e in events if e["event"] == "resumed"]
@@ -170,6 +309,8 @@ def report(console, events, injected, summary, reference, wall, ref_wall) -> boo
     table.add_row("wall time (everything)", f"{wall:.0f}s")
     table.add_row("watched run (watch start -> done)", f"{train_wall:.0f}s")
     table.add_row("uninterrupted reference run", f"{ref_wall:.0f}s")
+    if holder is not None:
+        table.add_row("recovered by", f"{holder} (lease holder; this terminal only observed)")
     table.add_row(
         "goodput (1 - downtime / watched run)", f"{1 - downtime / max(train_wall, 1):.1%}"
     )
@@ -192,6 +333,29 @@ def report(console, events, injected, summary, reference, wall, ref_wall) -> boo
     return equal
 
 
+def print_sample(pod_dir, console: Console, prompt: str = "def ") -> None:
+    """One short sample from the run's final checkpoint (`python -m trainer sample`, here, reading
+    the pod's bucket): what the weights that survived the faults say. Never fails the demo."""
+    endpoints = json.loads((Path(pod_dir) / "endpoints.json").read_text())
+    url = endpoints["storage"].rstrip("/")
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x", "FSSPEC_GCS_TOKEN": "anon", "NO_GCE_CHECK": "true",
+           "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    command = [sys.executable, "-m", "trainer", "sample", "--prompt", prompt, "--tokens", "48",
+               "--workdir", f"gs://{endpoints['bucket']}/runs/local"]  # fmt: skip
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=180)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        done = None
+    if done is None or done.returncode != 0:
+        why = "timed out" if done is None else (done.stderr.strip().splitlines() or ["?"])[-1]
+        console.print(f"sample: not available ({why})", style="dim")
+        return
+    console.print("sample from the final checkpoint:", style="bold")
+    console.print(done.stdout.rstrip(), markup=False, highlight=False)
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from localpod.pod import LocalPod
     from localpod.state import PodError
@@ -205,37 +369,50 @@ def run_demo(args: argparse.Namespace) -> int:
     job = f"--config {preset} --steps {steps} --set checkpoint_every=10"
     pod = LocalPod(pod_dir, workers=2, trainer_args=job)
     journal_file = pod.paths.root / "journal.jsonl"
-    store = IncidentStore(pod.paths.root / "incident.json")
     started = time.time()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with console.status("bringing up a 2-worker local pod") as status:
+        with console.status("bringing up a 2-worker local pod and its watcher VM") as status:
             pod.up(progress=status.update)
-        journal_file.unlink(missing_ok=True)
-        store.clear()
+            shutil.rmtree(watcher_vm.vm_dir(pod.paths.root), ignore_errors=True)  # a fresh VM
+            watcher_vm.start(pod.paths.root, watch_args=WATCH_ARGS)
+        state = RemoteState.for_target(local_target(pod.paths.root))
+        console.print(f"recovery: the watcher VM ({watcher_vm.HOLDER}) runs `tpupod watch`; this "
+                      f"terminal only reads gs://{state.bucket.name}/{state.prefix}, probes the "
+                      "trainers and injects the faults", style="dim")  # fmt: skip
         plan = FaultPlan(demo_faults(steps), pod)
         columns = [TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn()]  # fmt: skip
         with Progress(*columns, console=console) as progress:
             plan.progress, plan.task = progress, progress.add_task(preset, total=steps)
-            journal = Journal(journal_file, progress.console)
-            provider = pod_provider(pod.paths.root)
-            code = Watcher(provider, journal, demo_config(), on_poll=plan, store=store).run()
-        if code != 0:
-            console.print(f"[red]watch ended with {code}[/red]; journal {journal_file}")
-            return code
+            view = WatcherView(state, journal_file, progress.console)
+            end = observe(pod, view, plan, deadline=time.time() + max(900.0, steps * 15.0))
+            progress.update(plan.task, completed=end.get("step", 0))
+        holder = view.holder()
+        view.note("lease", f"last held by {holder}", holder=holder)
+        if end["event"] != "done":
+            console.print(f"[red]the watcher gave up[/red]: {end.get('message')}")
+            return 1
         summary = read_object(pod.paths.root, "runs/local/summary.json")
         reference, ref_wall = run_reference(pod, console)
-        equal = report(console, journal.events, plan.injected, summary, reference,
-                       time.time() - started, ref_wall)  # fmt: skip
+        equal = report(console, view.events, plan.injected, summary, reference,
+                       time.time() - started, ref_wall, holder)  # fmt: skip
+        print_sample(pod.paths.root, console)
         console.print(f"journal: {journal_file}", style="dim")
         return 0 if equal else 1
     except (PodError, ProviderError) as err:
         raise CliError(str(err)) from None
     finally:
-        with console.status("tearing the pod down"):
-            pod.down()
-        signal.signal(signal.SIGTERM, previous)
+        # Ctrl-C under `uv run` arrives twice (the terminal's, then uv forwards it): a second
+        # KeyboardInterrupt must not cut the teardown short.
+        interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            with console.status("tearing the pod and its watcher VM down"):
+                pod.down()
+        finally:
+            signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupt(*_args) -> None:

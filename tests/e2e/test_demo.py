@@ -1,27 +1,53 @@
 """`tpupod demo` with few steps: a preemption with notice (its first recreate meets a stockout) and
-a hang on a real local pod, recovered by watch through the pod's TPU API, final weights bitwise
-equal to an uninterrupted run (the demo exits 0 only then)."""
+a hang on a real local pod, recovered by the pod's watcher VM (its own `tpupod watch` through the
+pod's TPU API) while the demo process only observes; final weights bitwise equal to an
+uninterrupted run (the demo exits 0 only then)."""
 
 from __future__ import annotations
 
 import pytest
+from google.cloud import tpu_v2
 
+from localpod import watcher_vm
+from ops import watch
 from ops.cli import main
 from ops.journal import read
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
-def test_demo_recovers_with_no_lost_steps_and_equal_weights(tmp_path, capsys):
+def counted(calls: list[str], name: str, method):
+    """The real method, called through; each call of this process noted in `calls`."""
+
+    def call(self, *args, **kwargs):
+        calls.append(name)
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsys, monkeypatch):
+    calls: list[str] = []  # what this (the laptop's) process asks of the TPU API, and watch
+    for name in ("create_node", "delete_node"):
+        monkeypatch.setattr(tpu_v2.TpuClient, name,
+                            counted(calls, name, getattr(tpu_v2.TpuClient, name)))  # fmt: skip
+    monkeypatch.setattr(watch.Watcher, "run", counted(calls, "watch", watch.Watcher.run))
     pod_dir = tmp_path / "demo"
     code = main(["demo", "--steps", "40", "--pod-dir", str(pod_dir)])
     out = capsys.readouterr().out
     events = read(pod_dir / "journal.jsonl")
     messages = [f"{e['event']}: {e['message']}" for e in events]
     assert code == 0, (out, messages)
+    # The recovery was the watcher VM's: it held the lease, and this process never ran watch
+    # nor created or deleted a node (its one create is the pod's own `up`).
+    lease = next(e for e in events if e["event"] == "lease")
+    assert lease["holder"] == watcher_vm.HOLDER, messages
+    assert calls == ["create_node"], calls
     injected = {e["kind"]: e["time"] for e in events if e["event"] == "injected"}
-    detected = {e["kind"]: e for e in events if e["event"] == "detected"}
-    resumed = {e["kind"]: e for e in events if e["event"] == "resumed"}
+    assert all(e.get("by") == "demo" for e in events if e["event"] in ("injected", "lease"))
+    watcher = [e for e in events if e.get("by") != "demo"]
+    detected = {e["kind"]: e for e in watcher if e["event"] == "detected"}
+    resumed = {e["kind"]: e for e in watcher if e["event"] == "resumed"}
     assert set(detected) == set(resumed) == {"preemption", "hang"}, messages
     # preemption with notice: detected within 2 s, resumed exactly at the preemption step
     latency = detected["preemption"]["time"] - injected["preemption"]
@@ -29,11 +55,13 @@ def test_demo_recovers_with_no_lost_steps_and_equal_weights(tmp_path, capsys):
     assert latency < 2.0, messages
     assert resumed["preemption"]["steps_lost"] == 0, messages
     # the first recreate met a stockout: retried after a backoff, charged to neither budget
-    names = [e["event"] for e in events]
+    names = [e["event"] for e in watcher]
     assert names.count("stockout") == 1 and names.count("recreated") == 1, messages
-    done = next(e for e in events if e["event"] == "done")
+    done = next(e for e in watcher if e["event"] == "done")
     assert (done["preemptions"], done["failures"]) == (1, 1), messages
     # the hang is found by heartbeat age, then every worker restarts
     assert "heartbeat" in detected["hang"]["message"], messages
+    assert "recovered by" in out and watcher_vm.HOLDER in out
     assert "equals uninterrupted run" in out and "yes" in out.split("equals uninterrupted run")[1]
     assert not list(pod_dir.glob("pod.json"))  # torn down
+    assert not watcher_vm.running(pod_dir)
