@@ -49,6 +49,7 @@ class Checkpoints:
     def __init__(self, workdir: str, cfg: Config, process_count: int, data: dict | None = None):
         self.directory = storage.join(workdir, "checkpoints")
         self.meta = {"process_count": process_count, "shapes": shape_signature(cfg)}
+        self.keep_every = cfg.keep_every
         # What the run trains on (trainer.data.checkpoint_meta: data URI, tokenizer, config):
         # `sample` decodes with it, and a resume refuses data of another tokenizer.
         self.meta.update(data or {})
@@ -132,10 +133,15 @@ class Checkpoints:
         the save is taken at the first step after the writer is free (coalesced: one save for all
         that came due meanwhile; `deferred` counts them). Every process decides alike (the busy
         flag is gathered), so Orbax's collective save starts on all of them or on none.
-        Preemption and final saves do not come through here: they are never deferred."""
+        Preemption and final saves do not come through here: they are never deferred, and
+        neither is a step that `keep_every` keeps for good: a coalesced save lands off the grid,
+        and the step that retention promises would never exist (it waits for the writer)."""
         due = self.manager.should_save(step)
         if not due and self._deferred_from is None:
             return False
+        if due and self.keep_every > 0 and step % self.keep_every == 0:
+            self._deferred_from = None
+            return True
         if self._writer_busy():
             self.deferred += int(due)
             if self._deferred_from is None:

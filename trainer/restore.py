@@ -145,6 +145,9 @@ def restore_newest_readable(checkpoints, abstract_state, data_iter):
             if (cause := unreadable_cause(e)) is None:
                 raise
             sys.unraisablehook = _quiet_failed_reads
+            # Orbax's abandoned read tasks end with the same error; asyncio would log each one
+            # with its traceback ("Task exception was never retrieved") whenever GC finds it.
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
             ok, (file, reason) = False, describe(checkpoints.step_dir(step), cause)
         if not ok:  # collect the abandoned reads now, while the quiet hook is in place
             gc.collect()

@@ -48,6 +48,7 @@ def test_report_judges_every_goal():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # six minutes on 2 cores: `uv run pytest -m slow`, not in the default run
 @pytest.mark.timeout(900)
 def test_three_faults_on_the_pod_lose_no_committed_checkpoint(tmp_path: Path):
     # seed 0 starts with a kill during a save, a hang, then a kill

@@ -76,7 +76,8 @@ def test_checkpoints_lists_steps_readability_resume_step_and_set_aside(pod, tmp_
            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}  # fmt: skip
     train = subprocess.run(
         [sys.executable, "-m", "trainer", "--config", "tiny", "--steps", "8",
-         "--set", "checkpoint_every=3", "--workdir", f"gs://{BUCKET}/runs/local",
+         "--set", "checkpoint_every=3", "--set", "checkpoint_async=false",  # steps 3, 6, 8
+         "--workdir", f"gs://{BUCKET}/runs/local",
          "--compile-cache", str(tmp_path / "cc")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -89,9 +89,11 @@ def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
 
 
 def test_retention_keeps_the_latest_and_every_mth_step(spawn, tmp_path):
-    """Old steps are pruned on a background thread; by the exit only the kept ones are left."""
+    """Old steps are pruned on a background thread; by the exit only the kept ones are left.
+    Synchronous saves keep every save on the 2-step grid (async ones that cannot keep up are
+    coalesced to later steps, except the keep_every steps: tests/bench/test_save_deferral.py)."""
     wd = tmp_path / "keep"
-    sets = ["checkpoint_every=2", "keep_latest=2", "keep_every=4"]
+    sets = ["checkpoint_every=2", "keep_latest=2", "keep_every=4", "checkpoint_async=false"]
     args = ["--config", "tiny", "--steps", 12, "--workdir", wd]
     run_ok(spawn, [*args, *(x for s in sets for x in ("--set", s))], tmp_path, "keep")
     assert _committed(wd / "checkpoints") == [4, 8, 10, 12]
