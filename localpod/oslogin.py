@@ -14,10 +14,11 @@ import hashlib
 import json
 import os
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from localpod.loopback import LoopbackServer
 
 DIR_ENV = "TPUPOD_OSLOGIN_DIR"  # set by the controller; the worker agents inherit it
 _IMPORT = re.compile(r"/v1/users/(?P<email>[^/:]+):importSshPublicKey")
@@ -114,22 +115,9 @@ def _error(code: int, status: str, message: str) -> dict:
     return {"error": {"code": code, "message": message, "status": status}}
 
 
-class OsLoginServer(ThreadingHTTPServer):
-    """127.0.0.1 on a free port; `url` is the API root (Google's: https://oslogin.googleapis.com)."""
-
-    daemon_threads = True
+class OsLoginServer(LoopbackServer):
+    """`url` is the API root (Google's: https://oslogin.googleapis.com)."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.directory = Path(directory)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()

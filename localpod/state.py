@@ -11,41 +11,12 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
+
+from infra.node_state import SliceState
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POD_DIR_ENV = "TPUPOD_POD_DIR"
-
-
-class SliceState(StrEnum):
-    """google.cloud.tpu_v2.Node.State names, plus MISSING (no node: never a Node's state)."""
-
-    CREATING = "CREATING"
-    READY = "READY"
-    RESTARTING = "RESTARTING"
-    REIMAGING = "REIMAGING"
-    DELETING = "DELETING"
-    REPAIRING = "REPAIRING"
-    STOPPED = "STOPPED"
-    STOPPING = "STOPPING"
-    STARTING = "STARTING"
-    PREEMPTED = "PREEMPTED"
-    TERMINATED = "TERMINATED"
-    HIDING = "HIDING"
-    HIDDEN = "HIDDEN"
-    UNHIDING = "UNHIDING"
-    UNKNOWN = "UNKNOWN"
-    MISSING = "MISSING"
-
-    @classmethod
-    def parse(cls, raw: str | None) -> SliceState:
-        if raw is None:
-            return cls.MISSING
-        try:
-            return cls(raw.upper())
-        except ValueError:
-            return cls.UNKNOWN
 
 
 # The TPU API lifecycle, as this pod plays it. MISSING = deleted (no node).

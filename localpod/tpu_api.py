@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
+from localpod.loopback import LoopbackServer
 from localpod.tpu_nodes import HTTP_STATUS, ApiError, TpuService
 
 _LOCATION = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
@@ -79,22 +79,10 @@ def _json(raw: bytes) -> dict:
         raise ApiError("INVALID_ARGUMENT", f"Invalid JSON payload received. {err}") from None
 
 
-class TpuApiServer(ThreadingHTTPServer):
-    """127.0.0.1 on a free port; `url` is the API root a client's api_endpoint takes."""
-
-    daemon_threads = True
+class TpuApiServer(LoopbackServer):
+    """`url` is the API root a client's api_endpoint takes (ending in "/")."""
 
     def __init__(self, service: TpuService) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(_Handler)
         self.service = service
-        self.url = f"http://127.0.0.1:{self.server_address[1]}/"
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        self.url += "/"

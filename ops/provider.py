@@ -8,37 +8,8 @@ reads only these types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-
-class SliceState(StrEnum):
-    """google.cloud.tpu_v2.Node.State names, plus MISSING (no node) and UNKNOWN (a newer one)."""
-
-    CREATING = "CREATING"
-    READY = "READY"
-    RESTARTING = "RESTARTING"
-    REIMAGING = "REIMAGING"
-    REPAIRING = "REPAIRING"
-    STOPPING = "STOPPING"
-    STOPPED = "STOPPED"
-    STARTING = "STARTING"
-    PREEMPTED = "PREEMPTED"
-    TERMINATED = "TERMINATED"
-    DELETING = "DELETING"
-    HIDING = "HIDING"
-    HIDDEN = "HIDDEN"
-    UNHIDING = "UNHIDING"
-    MISSING = "MISSING"
-    UNKNOWN = "UNKNOWN"
-
-    @classmethod
-    def parse(cls, raw: str | None) -> SliceState:
-        if raw is None:
-            return cls.MISSING
-        try:
-            return cls(raw.upper())
-        except ValueError:
-            return cls.UNKNOWN
+from infra.node_state import SliceState  # noqa: F401 - re-exported for ops
 
 
 @dataclass(frozen=True)
