@@ -217,6 +217,7 @@ def run(
         "compile_cache_hit": cache_hit,
         "processes": jax.process_count(),
         "devices": jax.device_count(),
+        "saves_deferred": checkpoints.deferred,  # periodic saves coalesced into a later one
     }
     if pid == 0:
         storage.write_bytes(storage.join(workdir, "summary.json"), json.dumps(summary).encode())

@@ -27,6 +27,7 @@ def test_saves_that_cannot_keep_up_are_deferred_not_waited_for(tmp_path: Path):
     assert "deferred to the first step after the write" in proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["final_step"] == steps  # the final save still commits the last step
+    assert summary["saves_deferred"] > 0  # reported, not silent
     saved = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()
                    if p.name.isdigit())  # fmt: skip
     assert saved[-1] == steps
