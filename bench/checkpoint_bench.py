@@ -17,13 +17,11 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from bench.trainer_bench import REPO, train
@@ -91,32 +89,12 @@ def run(config: str = "small", steps: int = 30, every: int = 10) -> dict:
 @contextlib.contextmanager
 def emulator(log: Path):
     """The pod's GCS emulator (localpod.emulator) on a free loopback port; yields its env."""
-    from localpod.storage import emulator_command
+    from localpod.storage import running_emulator
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(emulator_command(port, BUCKET), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b/{BUCKET}", timeout=1)
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the GCS emulator did not start") from None
-                time.sleep(0.2)
+    with running_emulator(BUCKET, log) as url:
         yield {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
                "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x", "FSSPEC_GCS_TOKEN": "anon",
                "NO_GCE_CHECK": "true", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}  # fmt: skip
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def _trainer(config, steps, workdir, sets, env, cc) -> subprocess.Popen:

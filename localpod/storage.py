@@ -6,16 +6,20 @@ client makes against GCS, so nothing here knows it is talking to an emulator.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
 from infra.bundle_archive import Bundle
+from localpod.procs import free_port
 
 
 def emulator_command(port: int, bucket: str) -> list[str]:
@@ -54,6 +58,28 @@ def wait_ready(proc: subprocess.Popen, url: str, bucket: str, timeout: float = 6
             pass
         time.sleep(0.1)
     raise RuntimeError(f"gcp-storage-emulator not ready after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def running_emulator(bucket: str, log: Path | None = None) -> Iterator[str]:
+    """A standalone emulator on a free loopback port, for benchmarks and tests that need GCS but
+    no pod: yields its URL once `bucket` answers; its process group is killed on exit."""
+    port = free_port("127.0.0.1")
+    out = log.open("ab") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(emulator_command(port, bucket), stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    finally:
+        if log is not None:
+            out.close()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(proc, url, bucket, timeout=30.0)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def upload(url: str, bucket: str, name: str, data: bytes, content_type: str) -> None:

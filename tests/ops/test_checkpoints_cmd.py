@@ -4,58 +4,30 @@ command lists them all, says which is unreadable and where a restart resumes."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from localpod.storage import emulator_command
+from localpod.storage import running_emulator
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "tpupod-local"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def pod(tmp_path):
     """A pod directory whose endpoints.json names a live emulator (nothing else of the pod)."""
-    port = _free_port()
-    proc = subprocess.Popen(emulator_command(port, BUCKET), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1)
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("gcp-storage-emulator did not start") from None
-                time.sleep(0.2)
+    with running_emulator(BUCKET) as url:
         (tmp_path / "endpoints.json").write_text(
             json.dumps({"storage": url, "bucket": BUCKET, "project": "tpupod-local"})
         )
         yield tmp_path, url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def _env(url: str) -> dict:

@@ -4,17 +4,12 @@ incident and the journal survive the watcher that wrote them."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 
-from localpod.storage import emulator_command
+from localpod.storage import running_emulator
 from ops.incident import Incident, WatchState
 from ops.lease import Lease, LeaseLost, Observer, run_leased
 from ops.phases import Phase
@@ -26,29 +21,8 @@ BUCKET = "tpupod-lease-test"
 
 @pytest.fixture(scope="module")
 def storage_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        emulator_command(port, BUCKET),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b/{BUCKET}", timeout=1)
-                break
-            except OSError:
-                assert time.time() < deadline and proc.poll() is None, "emulator did not start"
-                time.sleep(0.1)
+    with running_emulator(BUCKET) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
 
 
 def make_state(url: str, stack: str) -> RemoteState:
