@@ -33,7 +33,7 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
                             counted(calls, name, getattr(tpu_v2.TpuClient, name)))  # fmt: skip
     monkeypatch.setattr(watch.Watcher, "run", counted(calls, "watch", watch.Watcher.run))
     pod_dir = tmp_path / "demo"
-    code = main(["demo", "--steps", "40", "--pod-dir", str(pod_dir)])
+    code = main(["demo", "--steps", "60", "--pod-dir", str(pod_dir)])
     out = capsys.readouterr().out
     events = read(pod_dir / "journal.jsonl")
     messages = [f"{e['event']}: {e['message']}" for e in events]
