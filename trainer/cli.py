@@ -90,8 +90,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compile-cache",
         default=env(ENV["compile_cache"]),
-        help="persistent compilation cache URI, local or gs:// "
-        "[$TPUPOD_COMPILE_CACHE; default: compile-cache beside the workdir]",
+        help="where each process keeps the compiled train step, local or gs://; 'off' compiles "
+        "every start [$TPUPOD_COMPILE_CACHE; default: compile-cache beside the workdir]",
     )
     return p
 
@@ -115,14 +115,6 @@ def _init_distributed(args) -> bool:
         initialization_timeout=args.init_timeout,
     )
     return True
-
-
-def _configure_compile_cache(uri: str) -> None:
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", uri)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,21 +180,12 @@ def main(argv: list[str] | None = None) -> int:
                 processes=jax.process_count(),
                 devices=jax.device_count(),
             )
-        # JAX writes cache entries from process 0 only, and on CPU the other processes' cache keys
-        # differ: process 0 would load a cached program while process 1 compiles a fresh one, and
-        # their gloo collectives deadlock. So multi-process CPU runs (the local pod) skip the cache.
-        if distributed and backend == "cpu":
-            if first:
-                events.event("compile_cache_disabled", reason="multi-process CPU")
-        else:
-            _configure_compile_cache(
-                args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
-            )
-
-        train.CacheHits.install()
+        cache = args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
         cfg = with_generation_batch(cfg, generation(jax.devices()[0]))
         explicit_vocab = "vocab_size" in explicit_keys(args.config, args.set)
-        return train.run(cfg, workdir, hb, preemption, explicit_vocab)
+        return train.run(
+            cfg, workdir, hb, preemption, explicit_vocab, None if cache == "off" else cache
+        )
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if hb is not None:

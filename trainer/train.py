@@ -13,6 +13,7 @@ import jax
 
 from trainer import data, storage
 from trainer.checkpoint import Checkpoints, Preemption
+from trainer.compile_cache import compile_train_step
 from trainer.config import Config
 from trainer.metrics import Heartbeat, MetricsLog
 from trainer.model import count_params, flops_per_token
@@ -22,22 +23,13 @@ from trainer.sharding import Setup, compute_dtype, make_mesh, params_fingerprint
 from trainer.status import EXIT_DONE, EXIT_PREEMPTED, TrainerState
 
 
-class CacheHits:
-    """Counts persistent compilation cache hits reported through jax.monitoring."""
-
-    count = 0
-
-    @classmethod
-    def install(cls) -> None:
-        def listener(event: str, **kwargs) -> None:
-            if event == "/jax/compilation_cache/cache_hits":
-                cls.count += 1
-
-        jax.monitoring.register_event_listener(listener)
-
-
 def run(
-    cfg: Config, workdir: str, hb: Heartbeat, preemption: Preemption, explicit_vocab: bool = False
+    cfg: Config,
+    workdir: str,
+    hb: Heartbeat,
+    preemption: Preemption,
+    explicit_vocab: bool = False,
+    compile_cache: str | None = None,
 ) -> int:
     t_start = time.time()
     pid = jax.process_index()
@@ -95,12 +87,12 @@ def run(
         last_checkpoint=checkpoints.committed,
     )
 
-    # 3. Compile the train step (from the persistent cache when a previous start compiled it).
-    hits_before = CacheHits.count
+    # 3. Compile the train step, or load it when every process kept it from a previous start.
     t0 = time.perf_counter()
-    train_step = setup.lower_train_step().compile()
-    cache_hit = CacheHits.count > hits_before
-    log.event("compiled", seconds=round(time.perf_counter() - t0, 3), compile_cache_hit=cache_hit)
+    compiled = compile_train_step(setup.lower_train_step(), mesh.devices.flat, compile_cache)
+    train_step, cache_hit = compiled.executable, compiled.hit
+    log.event("compiled", seconds=round(time.perf_counter() - t0, 3), compile_cache_hit=cache_hit,
+              compile_cache=compiled.why, cache_load_s=round(compiled.load_s, 3))  # fmt: skip
     # The datasheet or a cached probe; a probe still to run waits for the first step (below).
     dtype = compute_dtype(cfg)
     peak, peak_source = peak_flops(dtype, measure=False)

@@ -1,0 +1,122 @@
+"""The train step's compiled program, kept per process beside the workdir, used only by agreement.
+
+Why not JAX's persistent compilation cache: it writes entries from process 0 alone, and on CPU the
+other processes' keys differ, so after a restart process 0 would load a cached program while
+process 1 compiled a fresh one, and their gloo collectives deadlock. Here every process keeps its
+own entry, keyed by what the executable depends on (the lowered program, jax and jaxlib, the
+backend, the devices, this process's index and the process count, XLA_FLAGS), and the processes
+agree before using it: each loads its entry, an all-gather says whether all of them did, and
+unless every one did, all compile fresh and each writes its entry. One path on TPU, GPU and CPU,
+one process or many.
+
+An entry is an executable and loading one runs its code: the cache lives in the job's own
+workdir or bucket, trusted like its checkpoints. A missing, stale or unloadable entry only costs
+a compile; a failed write is reported and ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from trainer import storage
+
+FORMAT = "1"  # bump when the entry layout changes
+
+
+@dataclass
+class Compiled:
+    executable: object  # jax.stages.Compiled
+    hit: bool  # every process loaded its entry
+    why: str  # one line: where the program came from
+    load_s: float  # reading + loading this process's entry (0 when it had none)
+
+
+def entry_key(lowered, devices) -> str:
+    """What the executable depends on, hashed: the same program on the same devices."""
+    import jaxlib
+
+    parts = [
+        FORMAT,
+        jax.__version__,
+        jaxlib.__version__,
+        jax.default_backend(),
+        ",".join(f"{d.id}:{d.device_kind}:{d.process_index}" for d in devices),
+        f"{jax.process_index()}/{jax.process_count()}",
+        os.environ.get("XLA_FLAGS", ""),
+        lowered.as_text(),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def entry_uri(cache_uri: str, key: str) -> str:
+    return storage.join(cache_uri, f"train-step-{key[:40]}-p{jax.process_index()}.xla")
+
+
+def _load(uri: str, lowered):
+    """This process's entry as a loaded executable, or None (missing or unloadable) and why."""
+    from jax.experimental import serialize_executable
+
+    try:
+        if not storage.exists(uri):
+            return None, "no entry"
+        blob = storage.read_bytes(uri)
+        return serialize_executable.deserialize_and_load(
+            blob, lowered.in_tree, lowered.out_tree
+        ), "loaded"
+    except Exception as e:  # noqa: BLE001 - any failure means: compile instead
+        return (
+            None,
+            f"unloadable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})",
+        )
+
+
+def _all_agree(ok: bool) -> list[bool]:
+    """Every process's answer, the same list on every process (one small all-gather)."""
+    if jax.process_count() == 1:
+        return [ok]
+    from jax.experimental import multihost_utils
+
+    gathered = multihost_utils.process_allgather(np.asarray([int(ok)], np.int32))
+    return [bool(v) for v in np.asarray(gathered).reshape(-1)]
+
+
+def _save(uri: str, executable) -> str | None:
+    """Writes this process's entry; returns why it could not, or None."""
+    from jax.experimental import serialize_executable
+
+    try:
+        blob, _, _ = serialize_executable.serialize(executable)
+        storage.write_bytes(uri, blob)
+        return None
+    except Exception as e:  # noqa: BLE001 - a cache that cannot be written only costs time later
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+
+
+def compile_train_step(lowered, devices, cache_uri: str | None) -> Compiled:
+    """The lowered train step compiled, or every process's cached executable if all have one."""
+    if not cache_uri:
+        return Compiled(lowered.compile(), False, "cache off", 0.0)
+    uri = entry_uri(cache_uri, entry_key(lowered, devices))
+    t0 = time.perf_counter()
+    loaded, why = _load(uri, lowered)
+    load_s = time.perf_counter() - t0 if loaded is not None else 0.0
+    answers = _all_agree(loaded is not None)
+    if all(answers):
+        return Compiled(loaded, True, "every process loaded its entry", load_s)
+    missing = [i for i, ok in enumerate(answers) if not ok]
+    reason = (
+        f"process {jax.process_index()}: {why}"
+        if loaded is None
+        else (f"processes {missing} had no usable entry")
+    )
+    executable = lowered.compile()
+    failed = _save(uri, executable)
+    if failed:
+        reason += f"; entry not written: {failed}"
+    return Compiled(executable, False, f"compiled ({reason})", load_s)
