@@ -6,7 +6,9 @@ save, stockouts on the re-create) goes into long `tiny` runs on the local pod th
 The campaign runs in legs (`--per-leg` faults each, one pod run with its own uninterrupted
 reference: the pod's GCS is in memory, so a run cannot outlive its pod); after every leg its
 result goes to bench/out/faults/state.json, and a campaign started again with the same count and
-seed goes on with the next leg (resumable). `--per-leg` = `--count` makes it one run.
+seed goes on with the next leg (resumable). `--per-leg` = `--count` makes it one run. Every leg
+runs the same job (same steps, seed, policy), so one uninterrupted reference serves them all: the
+first leg runs it, state.json keeps its summary, and every leg's final weights are compared to it.
 
 Per fault: recovered or not, steps lost, recovery time (fault -> first step; for hangs detection
 -> first step), and whether a committed checkpoint was lost: the newest committed step the
@@ -78,7 +80,7 @@ def survey_checkpoints(pod) -> dict:
     }
 
 
-def leg_result(record: RunRecord) -> dict:
+def leg_result(record: RunRecord, reference: dict | None) -> dict:
     """One leg's faults, each judged, and the leg's end state (fingerprint, checkpoints)."""
     faults = []
     for fault, inc in zip(record.injected, incidents(record), strict=True):
@@ -100,7 +102,7 @@ def leg_result(record: RunRecord) -> dict:
             }
         )
     fp = (record.summary or {}).get("params_fingerprint")
-    ref = (record.reference or {}).get("params_fingerprint")
+    ref = (reference or {}).get("params_fingerprint")
     return {
         "outcome": record.exit,
         "faults": faults,
@@ -139,14 +141,16 @@ def run(
             args,
             {"kinds": legs[index], "min_steps": min_steps},
             notice=notice,
-            reference=True,
+            reference="reference" not in state,
             references=(),
             hang=HANG_S,
             after=survey_checkpoints,
             console=console,
         )
         record.save(folder / f"leg-{index + 1}.json")
-        state["legs"].append(leg_result(record))
+        if record.reference is not None:
+            state["reference"] = record.reference
+        state["legs"].append(leg_result(record, state.get("reference")))
         path.write_text(json.dumps(state, indent=1) + "\n")
     return summarise(state)
 
@@ -208,7 +212,7 @@ def figures(r: dict) -> list[Figure]:
             n=r["legs"],
             goal="yes",
             met=r["fingerprints_equal"] and all(o == "done" for o in r["outcomes"]),
-            note=f"each leg against its own uninterrupted reference; outcomes: "
+            note=f"each leg against one uninterrupted run of the same job; outcomes: "
             f"{', '.join(r['outcomes'])}",
         ),
     ]

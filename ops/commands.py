@@ -303,7 +303,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.add_argument("--stall-timeout", type=float, help="seconds without a new step: a hang")
     watch.add_argument("--max-failures", type=int, default=3, help="failure restarts allowed")
     watch.add_argument("--poll", type=float, default=0.5, help="seconds between observations")
-    watch.add_argument("--backoff", type=float, default=2.0, help="first backoff (s), doubling")
+    watch.add_argument(
+        "--backoff",
+        type=float,
+        default=2.0,
+        help="seconds before a failure restart that follows another with no newer checkpoint "
+        "between (a crash loop), doubling; the first restart goes at once",
+    )
     watch.add_argument(
         "--holder", help="lease holder id (a service sets a stable one) [$TPUPOD_WATCH_HOLDER]"
     )

@@ -162,9 +162,13 @@ class Watcher(RecoverySteps):
             return
         self._charge(decision.reason)
         self._enter(inc, Phase.PENDING_RESTART)
-        cfg = self.config
-        inc.not_before = time.time() + backoff(self.failures, cfg.backoff_base, cfg.backoff_cap)
+        inc.not_before = time.time() + self.restart_wait()
         self._drive(inc)
+
+    def restart_wait(self) -> float:
+        """The first failure restart goes at once; a crash loop (failing again before the job
+        commits a newer checkpoint) waits longer each time."""
+        return backoff(self.state.streak - 1, self.config.backoff_base, self.config.backoff_cap)
 
     def _resume(self, decision: Decision, probes: list[Probe]) -> None:
         self._restart(decision, probes, failure=False)
@@ -217,6 +221,8 @@ class Watcher(RecoverySteps):
                 f"(budget {self.config.max_failures}); last: {reason}"
             )
         self.state.failures += 1
+        self.state.streak += 1
+        self.state.streak_checkpoint = self.state.committed
 
     def _phase(self, name: str, started: float, message: str) -> None:
         now = time.time()
@@ -258,9 +264,19 @@ class Watcher(RecoverySteps):
         for p in probes:
             if p.status is not None and p.status.heartbeat >= self.since:
                 self.state.last_step = max(self.last_step, p.status.step)
+                self._committed(p.status.last_checkpoint)
         self._journal_fallbacks(probes)
         if self.incident is not None and not self.incident.phases:
             self.incident.step = max(self.incident.step, self.last_step)  # steps until it died
+
+    def _committed(self, step: int | None) -> None:
+        """A newer committed checkpoint is progress: it ends a streak of failure restarts."""
+        st = self.state
+        if step is None or (st.committed is not None and step <= st.committed):
+            return
+        st.committed = step
+        if st.streak and (st.streak_checkpoint is None or step > st.streak_checkpoint):
+            st.streak, st.streak_checkpoint = 0, None
 
     def _journal_fallbacks(self, probes: list[Probe]) -> None:
         """A trainer that restored past an unreadable checkpoint says so in its status message

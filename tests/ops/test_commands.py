@@ -131,3 +131,30 @@ def test_watch_journals_a_checkpoint_fallback_once_per_trainer(tmp_path):
     events = [e for e in journal.events if e["event"] == "checkpoint_fallback"]
     assert len(events) == 1
     assert events[0]["worker"] == 0 and events[0]["restored"] == 8 and line in events[0]["message"]
+
+
+def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
+    """The first failure restart goes at once; another before a newer checkpoint doubles the wait;
+    a newer committed step ends the streak."""
+    spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
+    target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
+                    api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
+    journal = Journal(tmp_path / "j.jsonl")
+    watcher = Watcher(TpuProvider(target), journal, WatchConfig(max_failures=10))
+    watcher.since = 0.0
+
+    def commits(step):
+        status = TrainerStatus(state=TrainerState.TRAINING, step=step + 3, pid=7,
+                               last_checkpoint=step, heartbeat=time.time())  # fmt: skip
+        watcher._track([Probe(0, status=status)])
+
+    commits(100)
+    waits = []
+    for _ in range(3):
+        watcher._charge("crash")
+        waits.append(watcher.restart_wait())
+        commits(100)  # restored, but nothing newer committed
+    assert waits == [0.0, 2.0, 4.0]
+    commits(200)
+    watcher._charge("crash")
+    assert watcher.restart_wait() == 0.0 and watcher.failures == 4
