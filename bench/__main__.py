@@ -73,32 +73,7 @@ def trainer_figs(a, console) -> list[Figure]:
 
     r = trainer_bench.run(a.trainer_config, a.trainer_steps)
     save("trainer", r)
-    cfg = r["config"]
-    probes = " / ".join(f"{x:.3g}" for x in r["peak_probes"])
-    return [
-        Figure(
-            f"trainer {cfg} on CPU: tokens/s",
-            r["tokens_per_s"],
-            "tok/s",
-            n=r["steps_timed"],
-            spread=report.spread(r["tokens_per_s_range"], digits=0),
-            note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s, "
-            f"allocator {r['allocator']}",
-        ),
-        Figure(
-            f"trainer {cfg} on CPU: model FLOP/s / jnp.dot peak",
-            r["mfu"],
-            "",
-            f">= {r['goal_mfu']:.2f}",
-            r["mfu"] >= r["goal_mfu"],
-            n=r["steps_timed"],
-            spread=report.spread(r["mfu_range"], digits=3),
-            note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
-            f"({r['peak_source']}, same run: highest of probes before / in / after the run: "
-            f"{probes})",
-        ),
-        allocator_fig(cfg, r),
-    ]
+    return trainer_bench.figures(r)
 
 
 def gpu_figs(a, console) -> list[Figure]:
@@ -108,41 +83,14 @@ def gpu_figs(a, console) -> list[Figure]:
 
     from bench import trainer_bench
 
-    name = "trainer 1b on GPU: MFU"
     if shutil.which("nvidia-smi") is None:
-        return [Figure(name, "not measured: no GPU on this machine")]
+        return [Figure(trainer_bench.GPU_ROW, "not measured: no GPU on this machine")]
     query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
     gpu = subprocess.run(query, capture_output=True, text=True).stdout.strip().splitlines()[0]
     os.environ.setdefault("JAX_PLATFORMS", "cuda")
     r = trainer_bench.run("1b", a.trainer_steps, sets=tuple(a.sets))
     save("gpu", r)
-    overrides = f", overrides {' '.join(r['sets'])}" if r["sets"] else ""
-    return [
-        Figure(
-            name,
-            r["mfu"],
-            "",
-            note=f"{gpu}: {r['model_flops_per_s']:.3g} model FLOP/s / {r['peak_flops']:.3g} "
-            f"({r['peak_source']}), {r['tokens_per_s']:,.0f} tok/s, {r['tokens_per_step']:,} "
-            f"tokens per step, step {r['step_time_s']:.3f} s, median of {r['steps_timed']} "
-            f"steps{overrides}",
-            machine=gpu,
-        )
-    ]
-
-
-def allocator_fig(cfg: str, r: dict) -> Figure:
-    name = f"trainer {cfg} on CPU: step time, tcmalloc vs system allocator"
-    sysa = r["system_allocator"]
-    if sysa is None:
-        return Figure(name, "not measured: tcmalloc not installed (libtcmalloc-minimal4)")
-    return Figure(
-        name,
-        f"{r['step_time_s']:.2f} vs {sysa['step_time_s']:.2f} s",
-        note=f"whole trainer run (imports, compile, probe, {r['steps']} steps): minor page faults "
-        f"{r['minor_faults']:,} vs {sysa['minor_faults']:,}, kernel share of CPU time "
-        f"{r['kernel_cpu_share']:.0%} vs {sysa['kernel_cpu_share']:.0%}",
-    )
+    return trainer_bench.gpu_figures(r, gpu)
 
 
 def checkpoint_figs(a, console) -> list[Figure]:

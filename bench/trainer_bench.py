@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from bench.report import Figure, spread
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -137,3 +139,67 @@ if __name__ == "__main__":
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
     a = p.parse_args()
     print(json.dumps(run(a.config, a.steps, sets=tuple(a.set)), indent=1))
+
+
+GPU_ROW = "trainer 1b on GPU: MFU"
+
+
+def figures(r: dict) -> list[Figure]:
+    """Throughput, MFU against the same run's jnp.dot peak, and the allocator comparison."""
+    cfg = r["config"]
+    probes = " / ".join(f"{x:.3g}" for x in r["peak_probes"])
+    return [
+        Figure(
+            f"trainer {cfg} on CPU: tokens/s",
+            r["tokens_per_s"],
+            "tok/s",
+            n=r["steps_timed"],
+            spread=spread(r["tokens_per_s_range"], digits=0),
+            note=f"median of {r['steps_timed']} steps, step {r['step_time_s']:.3f} s, "
+            f"allocator {r['allocator']}",
+        ),
+        Figure(
+            f"trainer {cfg} on CPU: model FLOP/s / jnp.dot peak",
+            r["mfu"],
+            "",
+            f">= {r['goal_mfu']:.2f}",
+            r["mfu"] >= r["goal_mfu"],
+            n=r["steps_timed"],
+            spread=spread(r["mfu_range"], digits=3),
+            note=f"{r['model_flops_per_s']:.3g} / {r['peak_flops']:.3g} FLOP/s "
+            f"({r['peak_source']}, same run: highest of probes before / in / after the run: "
+            f"{probes})",
+        ),
+        allocator_figure(cfg, r),
+    ]
+
+
+def allocator_figure(cfg: str, r: dict) -> Figure:
+    name = f"trainer {cfg} on CPU: step time, tcmalloc vs system allocator"
+    sysa = r["system_allocator"]
+    if sysa is None:
+        return Figure(name, "not measured: tcmalloc not installed (libtcmalloc-minimal4)")
+    return Figure(
+        name,
+        f"{r['step_time_s']:.2f} vs {sysa['step_time_s']:.2f} s",
+        note=f"whole trainer run (imports, compile, probe, {r['steps']} steps): minor page faults "
+        f"{r['minor_faults']:,} vs {sysa['minor_faults']:,}, kernel share of CPU time "
+        f"{r['kernel_cpu_share']:.0%} vs {sysa['kernel_cpu_share']:.0%}",
+    )
+
+
+def gpu_figures(r: dict, gpu: str) -> list[Figure]:
+    """`1b` on one GPU: MFU against the datasheet peak (trainer.metrics.PEAK_FLOPS)."""
+    overrides = f", overrides {' '.join(r['sets'])}" if r["sets"] else ""
+    return [
+        Figure(
+            GPU_ROW,
+            r["mfu"],
+            "",
+            note=f"{gpu}: {r['model_flops_per_s']:.3g} model FLOP/s / {r['peak_flops']:.3g} "
+            f"({r['peak_source']}), {r['tokens_per_s']:,.0f} tok/s, {r['tokens_per_step']:,} "
+            f"tokens per step, step {r['step_time_s']:.3f} s, median of {r['steps_timed']} "
+            f"steps{overrides}",
+            machine=gpu,
+        )
+    ]

@@ -23,8 +23,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
@@ -34,24 +32,17 @@ from rich.table import Table
 
 from localpod import watcher_vm
 from ops.cli import CliError
-from ops.journal import echo
-from ops.lease import Lease
-from ops.provider import ProviderError, SliceState
-from ops.recovery import NOTICE_HEALTH, Probe
-from ops.remote_state import STORAGE_ERRORS, RemoteState
+from ops.demo_observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
+from ops.provider import ProviderError
+from ops.remote_state import RemoteState
 from ops.target import ROOT, local_target
 from ops.tpu import TpuProvider
-from ops.watch import Watcher
 from ops.workers import ROOT as REMOTE_ROOT
 from ops.workers import WorkerGroup, as_root
-from trainer.status import TrainerState
 
 REFERENCE_PREFIX = "runs/reference"
 NOTICE_S = 60.0  # SIGTERM -> SIGKILL; the trainer exits once its save is committed
-HANG_S = 10.0  # heartbeat age that is a hang (the local default is 30 s)
 WATCH_ARGS = f"--hang-timeout {HANG_S:g} --backoff 1"  # the watcher VM's `tpupod watch` flags
-OBSERVE_S = 1.0  # the observer's poll: journal objects; trainer status while a fault is due
-PROGRESS_S = 5.0  # trainer status for the progress bar only
 # The reference: the job's trainer.env, exported line by line (values hold spaces), a fresh
 # workdir, and no periodic checkpoints (they cannot change the weights; they only cost time).
 REFERENCE_COMMAND = (
@@ -69,77 +60,6 @@ def pod_provider(pod_dir) -> TpuProvider:
     return TpuProvider(local_target(pod_dir))
 
 
-@dataclass
-class Fault:
-    kind: str  # the incident kind watch reports for it
-    at_step: int
-    inject: Callable[[object], object]  # LocalPod -> anything
-    label: str
-    then: Callable[[object], object] | None = None  # also, right after the injection
-
-
-@dataclass
-class FaultPlan:
-    """Injects faults in order, each once the previous one has been recovered and every worker
-    trains at its step: from the demo's observer loop (`observed`), or from an in-process
-    Watcher's on_poll hook (tests, benchmarks)."""
-
-    faults: list[Fault]
-    pod: object
-    injected: dict[str, float] = field(default_factory=dict)
-    progress: Progress | None = None
-    task: int | None = None
-
-    def __call__(self, watcher: Watcher, probes: list[Probe]) -> None:
-        steps = [p.status.step for p in probes if p.status and p.status.heartbeat >= watcher.since]
-        last = max(self.injected.values(), default=0.0)
-        inc = watcher.incident
-        settled = not self.injected or (
-            inc is not None and inc.detected_at >= last and "resumed" in inc.phases
-        )
-        if len(steps) == len(probes) and (fault := self.due(steps, settled)) is not None:
-            self.inject(fault, min(steps), watcher.journal.event)
-
-    def observed(self, view: WatcherView, trainers: TrainerProbe) -> None:
-        """The demo's loop: what the laptop sees (the watcher's journal, trainers over SSH); no
-        SSH while the watcher recovers (the 2 cores are busier with that)."""
-        settled = all(view.seen("resumed", kind, after=t) for kind, t in self.injected.items())
-        pending = any(f.kind not in self.injected for f in self.faults)
-        every = OBSERVE_S if pending else PROGRESS_S  # SSH costs CPU the trainers need
-        if not settled or view.recovering() or time.time() - trainers.probed_at < every:
-            return
-        probes = trainers.probe()
-        steps = [p.status.step for p in probes if fresh(p)]
-        if probes and len(steps) == len(probes) and (fault := self.due(steps, settled)):
-            self.inject(fault, min(steps), view.note)
-
-    def due(self, steps: list[int], settled: bool) -> Fault | None:
-        if self.progress is not None and steps:
-            self.progress.update(self.task, completed=max(steps))
-        pending = [f for f in self.faults if f.kind not in self.injected]
-        if pending and steps and settled and min(steps) >= pending[0].at_step:
-            return pending[0]
-        return None
-
-    def inject(self, fault: Fault, step: int, journal: Callable[..., object]) -> None:
-        try:
-            fault.inject(self.pod)
-            if fault.then is not None:
-                fault.then(self.pod)
-        except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
-            journal("error", f"fault injection deferred: {err}")
-            return
-        self.injected[fault.kind] = time.time()
-        journal("injected", f"{fault.label} at step ~{step}", kind=fault.kind, step=step)
-
-
-def fresh(probe: Probe) -> bool:
-    """A live trainer training with a recent heartbeat."""
-    s = probe.status
-    return bool(s and s.state is TrainerState.TRAINING and probe.alive is not False
-                and (probe.heartbeat_age or 0.0) < HANG_S / 2)  # fmt: skip
-
-
 def demo_faults(steps: int) -> list[Fault]:
     """A preemption with notice whose first recreate meets a stockout, then a hang."""
     return [
@@ -148,89 +68,6 @@ def demo_faults(steps: int) -> list[Fault]:
               then=lambda pod: pod.inject_stockout(1)),
         Fault("hang", int(steps * 0.65), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
     ]  # fmt: skip
-
-
-class WatcherView:
-    """The laptop's view of the watcher VM: its journal from the bucket as `tpupod logs
-    --watcher` reads it, echoed and copied (with the demo's own events) to a local journal."""
-
-    def __init__(self, state: RemoteState, path: Path, console: Console):
-        self.state, self.path, self.console = state, path, console
-        self.cursor = ""
-        self.events: list[dict] = []
-        path.unlink(missing_ok=True)
-
-    def poll(self) -> None:
-        try:
-            records = self.state.read_journal(after=self.cursor)
-        except STORAGE_ERRORS:
-            return
-        for name, record in records:
-            self.cursor = name
-            self._keep(record, "[watcher] ")
-
-    def note(self, name: str, message: str = "", **fields) -> None:
-        self._keep({"time": time.time(), "event": name, "message": message, "by": "demo",
-                    **fields}, "[demo]    ")  # fmt: skip
-
-    def _keep(self, record: dict, prefix: str) -> None:
-        self.events.append(record)
-        with self.path.open("a") as out:
-            out.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-        echo(self.console, record, prefix)
-
-    def seen(self, name: str, kind: str | None = None, after: float = 0.0) -> bool:
-        return any(e["event"] == name and kind in (None, e.get("kind")) and e["time"] >= after
-                   and e.get("by") != "demo" for e in self.events)  # fmt: skip
-
-    def recovering(self) -> bool:
-        """The watcher's last incident is still open (detected, not yet resumed)."""
-        marks = [e["event"] for e in self.events if e["event"] in ("detected", "resumed")]
-        return bool(marks) and marks[-1] == "detected"
-
-    def final(self) -> dict | None:
-        return next((e for e in self.events if e["event"] in ("done", "gave_up")), None)
-
-    def holder(self) -> str | None:
-        try:
-            view = Lease(self.state, "demo-observer", 0.0).read()
-        except STORAGE_ERRORS:
-            return None
-        return view.holder if view else None
-
-
-class TrainerProbe:
-    """The trainers' status over SSH as the operator (what `tpupod status` shows); the node is
-    only read through the TPU API, never changed."""
-
-    def __init__(self, provider: TpuProvider):
-        self.provider, self.group = provider, None
-        self.probed_at = 0.0
-
-    def probe(self) -> list[Probe]:
-        self.probed_at = time.time()
-        if self.group is None:
-            try:
-                info = self.provider.describe()
-            except ProviderError:
-                return []
-            if (
-                info.state is not SliceState.READY
-                or info.health in NOTICE_HEALTH
-                or not info.workers
-            ):
-                return []
-            self.group = WorkerGroup(info.workers, retries=0, connect_timeout=5.0)
-        probes = self.group.probe()
-        if not all(p.reachable for p in probes):
-            self.close()  # a recreated slice has new workers: describe it again next time
-            return []
-        return probes
-
-    def close(self) -> None:
-        if self.group is not None:
-            self.group.close()
-            self.group = None
 
 
 def observe(pod, view: WatcherView, plan: FaultPlan, deadline: float) -> dict:

@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from localpod.pod import LocalPod
-from ops.demo import Fault, FaultPlan, pod_provider
+from ops.demo import pod_provider
+from ops.demo_observer import Fault, FaultPlan
 from ops.journal import Journal
 from ops.recovery import Limits
 from ops.watch import WatchConfig, Watcher
