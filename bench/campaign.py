@@ -1,10 +1,10 @@
 """The fault campaign: `uv run python -m bench faults --count 100 [--seed S]`.
 
 A seeded random mix of faults (bench.faults.KINDS: notices, kills, crashes, hangs, kills during a
-save, stockouts on the re-create) goes into long `tiny` runs on the local pod through the real
-`watch`, one fault whenever the job is healthy again and has stepped past one more checkpoint.
-The campaign runs in legs (`--per-leg` faults each, one pod run with its own uninterrupted
-reference: the pod's GCS is in memory, so a run cannot outlive its pod); after every leg its
+save, stockouts on the re-create, watch kills mid-recovery) goes into long `tiny` runs on the
+local pod through the real `watch`, one fault whenever the job is healthy again and has stepped
+past one more checkpoint. The campaign runs in legs (`--per-leg` faults each, one pod run: the
+pod's GCS is in memory, so a run cannot outlive its pod); after every leg its
 result goes to bench/out/faults/state.json, and a campaign started again with the same count and
 seed goes on with the next leg (resumable). `--per-leg` = `--count` makes it one run. Every leg
 runs the same job (same steps, seed, policy), so one uninterrupted reference serves them all: the
@@ -29,7 +29,8 @@ from bench.recovery_bench import LABELS, checkpoint_interval, incidents
 from bench.report import Figure, median, spread
 
 # Fault kind -> weight in the random mix.
-MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1}
+MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,
+       "watch-kill": 1}  # fmt: skip
 assert set(MIX) <= set(KINDS)
 HANG_S = 10.0  # watch's heartbeat limit in the campaign: a hang is detected after this
 

@@ -21,6 +21,8 @@ KINDS = {
     "hang": "SIGSTOP of worker 0's trainer (the slice stays; watch sees a stale heartbeat)",
     "save-kill": "preemption without notice while a worker's trainer is saving",
     "stockout": "preemption without notice, and the first re-create meets a stockout",
+    "watch-kill": "preemption without notice, and the watch dies mid-recovery (a new one goes on "
+    "from incident.json)",
 }
 # Fault kind -> the pod call that injects it (pod, notice seconds).
 INJECT = {
@@ -30,8 +32,15 @@ INJECT = {
     "hang": lambda pod, notice: pod.hang(0),
     "save-kill": lambda pod, notice: pod.preempt(notice=0, wait=False),
     "stockout": lambda pod, notice: (pod.inject_stockout(1), pod.preempt(notice=0, wait=False)),
+    "watch-kill": lambda pod, notice: pod.preempt(notice=0, wait=False),
 }
 ONLY_WHILE_SAVING = {"save-kill"}
+KILLS_WATCH = {"watch-kill"}
+
+
+class WatchKilled(Exception):
+    """Raised from on_poll mid-recovery: the watch ends as a killed process would, without
+    persisting its last step; the benchmark starts a new one on the same incident.json."""
 
 
 class Stop(Exception):
@@ -72,6 +81,7 @@ class Schedule:
     _start: float | None = None  # the first healthy poll
     _healthy_step: int = 0  # the step at the first healthy poll after the last fault
     _armed: int = -1  # len(injected) when _healthy_step was taken
+    _kill_watch_in: int | None = None  # mid-recovery polls left before the watch dies
 
     def next_kind(self) -> str | None:
         n = len(self.injected)
@@ -80,6 +90,7 @@ class Schedule:
         return self.kinds[n] if n < len(self.kinds) else None
 
     def __call__(self, watcher, probes) -> None:
+        self._maybe_kill_watch(watcher)
         step = healthy(watcher, probes)
         if step is None:
             return
@@ -100,6 +111,19 @@ class Schedule:
             return
         self.inject(watcher, kind, step)
 
+    def _maybe_kill_watch(self, watcher) -> None:
+        """Kills the watch on the n-th poll of an open recovery (n cycles 1..3 over the campaign's
+        watch kills, so they land in different phases: delete, create, READY, bootstrap)."""
+        inc = watcher.incident
+        if self._kill_watch_in is None or inc is None or not inc.open:
+            return
+        if str(inc.phase) in ("watching", "pending-recreate"):
+            return
+        self._kill_watch_in -= 1
+        if self._kill_watch_in <= 0:
+            self._kill_watch_in = None
+            raise WatchKilled(f"watch killed during {inc.phase}")
+
     def inject(self, watcher, kind: str, step: int) -> None:
         started = time.time()
         if kind not in INJECT:
@@ -111,6 +135,8 @@ class Schedule:
             return
         notice = self.notice if kind == "notice" else 0.0
         record = {"time": started, "kind": kind, "notice": notice, "step": step}
+        if kind in KILLS_WATCH:
+            self._kill_watch_in = 1 + sum(f["kind"] in KILLS_WATCH for f in self.injected) % 3
         self.injected.append(record)
         watcher.journal.event(
             "injected",

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench.faults import Schedule, Stop
+from bench.faults import Schedule, Stop, WatchKilled
 from bench.sampler import Sampler
+from ops.incident import IncidentStore
 from ops.journal import Journal
 from ops.recovery import Limits
 from ops.watch import WatchConfig, Watcher
@@ -85,7 +86,7 @@ def run_on_pod(
     `reference`, then the uninterrupted "reference" and `references`; `after(pod)` (its result
     in `checks`) runs on the pod before it goes. The pod is always torn down, whatever happens."""
     from localpod.pod import LocalPod
-    from ops.demo import pod_provider, read_object
+    from ops.demo import read_object
 
     console = console or Console()
     pod = LocalPod(pod_dir, workers=workers, trainer_args=trainer_args)
@@ -101,14 +102,7 @@ def run_on_pod(
         journal = Journal(journal_file, console)
         sampler.start()
         schedule = Schedule(pod, notice=notice, **schedule_kwargs)
-        provider = pod_provider(pod.paths.root)
-        watcher = Watcher(provider, journal, watch_config(notice, hang), on_poll=schedule)
-        try:
-            code = watcher.run()
-            outcome = "done" if code == 0 else f"watch exited {code}"
-        except Stop as why:
-            journal.event("stopped", f"benchmark schedule complete: {why}")
-            outcome = "stopped"
+        outcome = watch_until_end(pod, journal, schedule, watch_config(notice, hang))
         finished = time.time()
         summary = (
             read_object(pod.paths.root, f"{RUN_PREFIX}/summary.json") if code_ok(outcome) else None
@@ -150,6 +144,26 @@ def run_on_pod(
         finally:
             with console.status("tearing the pod down"):
                 pod.down()
+
+
+def watch_until_end(pod, journal: Journal, schedule: Schedule, config) -> str:
+    """The real watch loop with the schedule as its on_poll hook; a watch the schedule kills
+    (WatchKilled) is replaced by a new one that goes on from the same incident.json."""
+    from ops.demo import pod_provider
+
+    provider = pod_provider(pod.paths.root)
+    store = IncidentStore(pod.paths.root / "incident.json")
+    store.clear()
+    while True:
+        watcher = Watcher(provider, journal, config, on_poll=schedule, store=store)
+        try:
+            code = watcher.run()
+            return "done" if code == 0 else f"watch exited {code}"
+        except WatchKilled as why:
+            journal.event("watch_killed", f"{why}; a new watch goes on from incident.json")
+        except Stop as why:
+            journal.event("stopped", f"benchmark schedule complete: {why}")
+            return "stopped"
 
 
 def code_ok(outcome: str) -> bool:

@@ -193,6 +193,7 @@ LABELS = {
     "hang": "hang (after detection)",
     "save-kill": "kill during a save",
     "stockout": "kill, stockout on recreate",
+    "watch-kill": "kill, watch killed mid-recovery",
 }
 RECOVERY_GOAL_S = 15.0
 MIN_EVENTS = 3  # the recovery goal is a median of at least this many events per kind

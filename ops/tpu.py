@@ -175,6 +175,10 @@ class TpuProvider:
             return method(**kwargs, timeout=CALL_TIMEOUT)
         except (gexc.NotFound, gexc.ResourceExhausted, gexc.AlreadyExists):
             raise
+        except gexc.Conflict as err:
+            if already_exists(err):  # over REST, ALREADY_EXISTS arrives as a plain 409 Conflict
+                raise gexc.AlreadyExists(err.message) from None
+            raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
         except gexc.PermissionDenied:
             raise ProviderError(PERMISSION_HINT.format(name=self.target.node_name)) from None
         except gexc.GoogleAPIError as err:
@@ -182,6 +186,17 @@ class TpuProvider:
         except OSError as err:  # requests' ConnectionError is an OSError
             where = self.target.api_endpoint or "tpu.googleapis.com"
             raise ProviderError(f"TPU API at {where} unreachable: {_line(err)}") from None
+
+
+def already_exists(err: gexc.Conflict) -> bool:
+    """A 409 that means ALREADY_EXISTS (not ABORTED): gRPC names it, REST only in the body."""
+    if isinstance(err, gexc.AlreadyExists):
+        return True
+    try:
+        status = err.response.json()["error"]["status"]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return "already exists" in str(err.message).lower()
+    return status == "ALREADY_EXISTS"
 
 
 def make_client(target: Target) -> tpu_v2.TpuClient:

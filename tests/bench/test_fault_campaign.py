@@ -51,13 +51,16 @@ def test_report_judges_every_goal():
 @pytest.mark.slow  # six minutes on 2 cores: `uv run pytest -m slow`, not in the default run
 @pytest.mark.timeout(900)
 def test_three_faults_on_the_pod_lose_no_committed_checkpoint(tmp_path: Path):
-    # seed 0 starts with a kill during a save, a hang, then a kill
-    r = campaign.run(tmp_path, count=3, seed=0, per_leg=3, sets=("checkpoint_every=10",))
+    # seed 151: a hang, a kill during a save, a kill whose watch dies mid-recovery
+    assert campaign.plan(3, 151) == ["hang", "save-kill", "watch-kill"]
+    r = campaign.run(tmp_path, count=3, seed=151, per_leg=3, sets=("checkpoint_every=10",))
     assert r["injected"] == 3 and r["outcomes"] == ["done"], r
     assert all(k["recovered"] == k["injected"] for k in r["kinds"].values()), r["kinds"]
     assert r["committed_lost"] == 0 and r["unreadable"] == 0 and not r["check_errors"], r
     assert r["fingerprints_equal"], r
-    hang = json.loads((tmp_path / "faults" / "leg-1.json").read_text())["events"]
-    assert any(e["event"] == "forensics" for e in hang)  # the hang's stacks were kept
-    again = campaign.run(tmp_path, count=3, seed=0, per_leg=3, sets=("checkpoint_every=10",))
+    events = json.loads((tmp_path / "faults" / "leg-1.json").read_text())["events"]
+    assert any(e["event"] == "forensics" for e in events)  # the hang's stacks were kept
+    killed = [i for i, e in enumerate(events) if e["event"] == "watch_killed"]
+    assert len(killed) == 1 and events[killed[0] + 2]["event"] == "continuing", events[killed[0] :]
+    again = campaign.run(tmp_path, count=3, seed=151, per_leg=3, sets=("checkpoint_every=10",))
     assert again == r  # resumed: the finished leg is not run again

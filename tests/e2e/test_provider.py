@@ -116,6 +116,15 @@ def test_trainerctl_runs_as_root_through_sudo_and_a_refusal_is_one_line(pod: Loc
     )
 
 
+def test_a_create_whose_node_exists_is_no_failure(pod: LocalPod) -> None:
+    """A watch killed after it issued a create and before it saved the operation's name issues
+    the create again: the API answers 409 ALREADY_EXISTS (over REST a plain Conflict), which is
+    the node being there, not a failed attempt (found by the fault campaign's watch kills)."""
+    provider = pod_provider(pod.paths.root)
+    assert provider.start_create() is None
+    assert provider.describe().state is SliceState.READY
+
+
 def test_a_stockout_on_recreate_is_retried_and_a_restarted_watch_creates_nothing_twice(
     pod: LocalPod, tmp_path: Path
 ) -> None:
