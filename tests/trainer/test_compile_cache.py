@@ -1,12 +1,13 @@
 """The per-process compile cache on a 2-process gloo run: the second start loads every process's
 entry and trains bitwise the same; when one process's entry is gone, all of them compile (no
-mixed cached/fresh programs, no gloo deadlock) and the entry comes back."""
+mixed cached/fresh programs, no gloo deadlock) and the entry comes back; entries that do not load
+cost a compile, nothing else."""
 
 from __future__ import annotations
 
 from trainer_testlib import free_port, multi_args, summary
 
-STEPS = 8
+STEPS = 4
 NO_DEADLOCK_S = 150.0  # a deadlocked pair never exits; a healthy start takes ~20 s on 2 cores
 
 
@@ -27,7 +28,7 @@ def _start(spawn, tmp_path, name, cache):
     return summary(tmp_path / name), compiled[-1]
 
 
-def test_second_start_hits_cache_and_partial_cache_compiles_everywhere(spawn, tmp_path):
+def test_second_start_hits_the_cache_and_a_partial_cache_compiles_everywhere(spawn, tmp_path):
     cache = tmp_path / "cache"
     first, ev = _start(spawn, tmp_path, "first", cache)
     assert first["compile_cache_hit"] is False and ev["compile_cache"].startswith("compiled")
@@ -47,12 +48,8 @@ def test_second_start_hits_cache_and_partial_cache_compiles_everywhere(spawn, tm
     assert third["params_fingerprint"] == first["params_fingerprint"]
     assert sorted(p.name for p in cache.iterdir()) == sorted(entries)  # written again
 
-
-def test_unloadable_entry_costs_a_compile_only(spawn, tmp_path):
-    cache = tmp_path / "cache"
-    first, _ = _start(spawn, tmp_path, "first", cache)
     for entry in cache.iterdir():
         entry.write_bytes(b"not an executable")
-    again, ev = _start(spawn, tmp_path, "again", cache)
-    assert again["compile_cache_hit"] is False and "unloadable" in ev["compile_cache"], ev
-    assert again["params_fingerprint"] == first["params_fingerprint"]
+    fourth, ev = _start(spawn, tmp_path, "fourth", cache)
+    assert fourth["compile_cache_hit"] is False and "unloadable" in ev["compile_cache"], ev
+    assert fourth["params_fingerprint"] == first["params_fingerprint"]
