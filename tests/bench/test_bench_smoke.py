@@ -98,7 +98,8 @@ def test_analyses_on_synthetic_run():
     assert figs[0].met is False  # a 1-minute synthetic run cannot meet a >= 20 min goal
     assert "checkpoint save" in figs[1].value and "lost progress" in figs[1].value
     overhead = next(f for f in figs if f.name.startswith("checkpoint overhead, tiny every 5"))
-    assert overhead.met is False and overhead.goal == "<= 1.05"
+    # the 1.05 goal holds for tiny at checkpoint_every=100, not at 5: shown, not judged
+    assert overhead.met is None and overhead.goal == ""
     judged = [f for f in figs if f.goal]
     assert judged and all(f.met is not None for f in judged), [f.name for f in judged]
     kill = next(f for f in figs if f.name.startswith("steps lost, no-notice kill"))
