@@ -25,14 +25,13 @@ from pathlib import Path
 
 from bench.faults import KINDS
 from bench.podrun import RunRecord, run_on_pod
-from bench.recovery_bench import LABELS, checkpoint_interval, incidents
+from bench.recovery_bench import HANG_S, LABELS, checkpoint_interval, incidents
 from bench.report import Figure, median, spread
 
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,
        "watch-kill": 1}  # fmt: skip
 assert set(MIX) <= set(KINDS)
-HANG_S = 10.0  # watch's heartbeat limit in the campaign: a hang is detected after this
 
 
 def plan(count: int, seed: int) -> list[str]:

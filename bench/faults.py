@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ops.phases import Phase
 from trainer.status import TrainerState
 
 # Fault kind -> what it does to the local pod.
@@ -112,12 +113,12 @@ class Schedule:
         self.inject(watcher, kind, step)
 
     def _maybe_kill_watch(self, watcher) -> None:
-        """Kills the watch on the n-th poll of an open recovery (n cycles 1..3 over the campaign's
-        watch kills, so they land in different phases: delete, create, READY, bootstrap)."""
+        """Kills the watch on the n-th poll of a recovery under way (n cycles 1..3 over the
+        campaign's watch kills, so they land at different points of the delete and create)."""
         inc = watcher.incident
         if self._kill_watch_in is None or inc is None or not inc.open:
             return
-        if str(inc.phase) in ("watching", "pending-recreate"):
+        if inc.phase in (Phase.WATCHING, Phase.PENDING_RECREATE):
             return
         self._kill_watch_in -= 1
         if self._kill_watch_in <= 0:

@@ -51,12 +51,8 @@ PHASES = {
     "first_step": "first step",
 }
 FROM = {"hang": "detected"}  # kind -> the milestone its recovery time counts from
-OPTIONAL = {
-    "restarted",
-    "restarting",
-    "trainer_up",
-    "forensics",
-}  # never missed: present only on some paths
+# never reported missing: present only on some paths
+OPTIONAL = {"restarted", "restarting", "trainer_up", "forensics"}
 
 
 PHASE_NOTE = (

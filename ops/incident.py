@@ -42,7 +42,6 @@ class WatchState:
     failures: int = 0
     preemptions: int = 0
     streak: int = 0  # failure restarts since the job last committed a newer checkpoint
-    streak_checkpoint: int | None = None  # the newest committed step when the streak grew
     committed: int | None = None  # the newest committed step any current trainer reported
     since: float = 0.0  # the last (re)start of the trainer: older trainer files are stale
     last_step: int = 0

@@ -222,7 +222,6 @@ class Watcher(RecoverySteps):
             )
         self.state.failures += 1
         self.state.streak += 1
-        self.state.streak_checkpoint = self.state.committed
 
     def _phase(self, name: str, started: float, message: str) -> None:
         now = time.time()
@@ -270,13 +269,11 @@ class Watcher(RecoverySteps):
             self.incident.step = max(self.incident.step, self.last_step)  # steps until it died
 
     def _committed(self, step: int | None) -> None:
-        """A newer committed checkpoint is progress: it ends a streak of failure restarts."""
+        """A committed step newer than any seen before is progress: it ends a streak of failure
+        restarts (`committed` only grows, so it is newer than the last failure's too)."""
         st = self.state
-        if step is None or (st.committed is not None and step <= st.committed):
-            return
-        st.committed = step
-        if st.streak and (st.streak_checkpoint is None or step > st.streak_checkpoint):
-            st.streak, st.streak_checkpoint = 0, None
+        if step is not None and (st.committed is None or step > st.committed):
+            st.committed, st.streak = step, 0
 
     def _journal_fallbacks(self, probes: list[Probe]) -> None:
         """A trainer that restored past an unreadable checkpoint says so in its status message

@@ -58,22 +58,25 @@ def entry_uri(cache_uri: str, key: str) -> str:
     return storage.join(cache_uri, f"train-step-{key[:40]}-p{jax.process_index()}.xla")
 
 
+def _one_line(err: Exception) -> str:
+    first = str(err).splitlines()[0][:160] if str(err) else ""
+    return f"{type(err).__name__}: {first}"
+
+
 def _load(uri: str, lowered):
     """This process's entry as a loaded executable, or None (missing or unloadable) and why."""
     from jax.experimental import serialize_executable
 
     try:
-        if not storage.exists(uri):
-            return None, "no entry"
-        blob = storage.read_bytes(uri)
-        return serialize_executable.deserialize_and_load(
+        blob = storage.read_bytes(uri)  # one request: a missing entry is FileNotFoundError
+        executable = serialize_executable.deserialize_and_load(
             blob, lowered.in_tree, lowered.out_tree
-        ), "loaded"
-    except Exception as e:  # noqa: BLE001 - any failure means: compile instead
-        return (
-            None,
-            f"unloadable ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})",
         )
+    except FileNotFoundError:
+        return None, "no entry"
+    except Exception as e:  # noqa: BLE001 - any failure means: compile instead
+        return None, f"unloadable ({_one_line(e)})"
+    return executable, "loaded"
 
 
 def _all_agree(ok: bool) -> list[bool]:
@@ -95,7 +98,7 @@ def _save(uri: str, executable) -> str | None:
         storage.write_bytes(uri, blob)
         return None
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written only costs time later
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        return _one_line(e)
 
 
 def compile_train_step(lowered, devices, cache_uri: str | None) -> Compiled:
@@ -109,14 +112,12 @@ def compile_train_step(lowered, devices, cache_uri: str | None) -> Compiled:
     answers = _all_agree(loaded is not None)
     if all(answers):
         return Compiled(loaded, True, "every process loaded its entry", load_s)
-    missing = [i for i, ok in enumerate(answers) if not ok]
-    reason = (
-        f"process {jax.process_index()}: {why}"
-        if loaded is None
-        else (f"processes {missing} had no usable entry")
-    )
     executable = lowered.compile()
-    failed = _save(uri, executable)
-    if failed:
+    if loaded is not None:  # this entry was fine: another process lacked one; nothing to write
+        missing = [i for i, ok in enumerate(answers) if not ok]
+        return Compiled(executable, False, f"compiled (processes {missing} had no usable entry)",
+                        load_s)  # fmt: skip
+    reason = f"process {jax.process_index()}: {why}"
+    if failed := _save(uri, executable):
         reason += f"; entry not written: {failed}"
     return Compiled(executable, False, f"compiled ({reason})", load_s)
