@@ -310,7 +310,12 @@ phase_trainer_env() {
 }
 
 phase_start_trainer() {
-  "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" start
+  # Exit 3: the trainer ran and exited at once. The slice is fine and the launch is done; the
+  # watcher judges trainer.exit as the trainer's failure (a restart, not a re-created slice).
+  local rc=0
+  "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" start || rc=$?
+  [ "$rc" -ne 3 ] || return 0
+  return "$rc"
 }
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv phase_metadata \

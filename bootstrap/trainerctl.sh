@@ -8,7 +8,8 @@
 # wrapper (`__run`) starts `python -m trainer $TPUPOD_TRAINER_ARGS` from $TPUPOD_ROOT/current with
 # trainer.env, and writes the trainer's exit code to trainer.exit when it ends. Nothing restarts a
 # trainer on its own: a multi-host job restarts as a whole, from the ops layer.
-#   start        start the trainer; a no-op while it runs
+#   start        start the trainer; a no-op while it runs; exit 3 if it started but has already
+#                exited (its code is in trainer.exit: the trainer's failure, not the launch's)
 #   stop         SIGTERM to its process group, SIGKILL after $TPUPOD_STOP_TIMEOUT (60) s; waits
 #   clear-locks  remove libtpu's lockfile (refused while the trainer runs)
 #   status       print running/exited/stopped; exit 0 only while it runs
@@ -112,7 +113,10 @@ cmd_start() {
       echo "trainer started (pid $pid)"
       return 0
     fi
-    [ ! -f "$EXITFILE" ] || break
+    if [ -f "$EXITFILE" ]; then
+      echo "trainer started and exited $(cat "$EXITFILE") at once; see $LOGFILE" >&2
+      return 3
+    fi
     sleep 0.1
   done
   echo "trainer did not start; $(cmd_status || true); see $LOGFILE" >&2

@@ -1,7 +1,8 @@
 """trainerctl.sh without systemd (setsid + pidfile), against a fake trainer process.
 
 The fake is a bash script standing in for `.venv/bin/python`: it logs its arguments, then
-either exits 75 on SIGTERM (a trainer that saved) or ignores SIGTERM (a hung one).
+either exits 75 on SIGTERM (a trainer that saved), ignores SIGTERM (a hung one) or exits 2 at
+once (bad input).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from localpod import procs
 
 FAKE_PYTHON = """#!/bin/bash
 echo "fake python $* mode=$FAKE_MODE"
+if [ "$FAKE_MODE" = fails ]; then echo "unknown config key"; exit 2; fi
 if [ "$FAKE_MODE" = hung ]; then trap '' TERM; else trap 'sleep 0.3; echo saved; exit 75' TERM; fi
 while true; do sleep 0.1; done
 """
@@ -99,6 +101,18 @@ def test_start_once_then_stop_records_the_exit_code(ctl):
     log = (c.root / "trainer.log").read_text()
     assert "fake python -m trainer --config tiny --steps 3 mode=saves" in log
     assert "saved" in log
+
+
+def test_a_trainer_that_exits_at_once_is_started_but_says_so(ctl):
+    """Exit 3, not 1: the launch worked and trainer.exit holds the trainer's own failure, so the
+    bootstrap's start-trainer phase is done and the watcher restarts the trainer instead of
+    re-creating a healthy slice."""
+    c = ctl("fails")
+    start = c("start")
+    assert start.returncode == 3, (start.stdout, start.stderr)
+    assert "trainer started and exited 2 at once" in start.stderr
+    assert c("status").stdout.strip() == "exited 2"
+    assert "unknown config key" in (c.root / "trainer.log").read_text()
 
 
 def test_the_journal_tee_outlives_sigterm(ctl):
