@@ -1,5 +1,7 @@
 """Goodput on the local pod: a fixed number of steps with a fault every P seconds (kinds in turn),
 then the same job uninterrupted twice: with the job's checkpoint policy, and with no checkpoints.
+The references carry the watch's observation load (bench.podrun.observed) as the faulted run does,
+so the headline charges the faults, not the watch that shares the pod's 2 cores.
 
 Headline (judged, goal 95 %): the time the uninterrupted reference with the SAME checkpoint policy
 needs from its first step to the final one, over the faulted run's wall time (its first step ->
@@ -164,7 +166,8 @@ def figures(result: dict) -> list[Figure]:
             note=f"reference stepped {result['reference_stepping_s']:.0f} s to step "
             f"{result['final_step']}, faulted run {wall:.0f} s (first step -> done)"
             + ("" if conditions else "; this run is shorter or sparser than the goal's: not met")
-            + f"; job: {result['trainer_args']}",
+            + f"; references observed as the watch observes (describe + probe every poll); "
+            f"job: {result['trainer_args']}",
         )
     ]
     bad = result["badput_s"]

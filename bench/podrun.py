@@ -7,8 +7,11 @@ uses (`ops.demo`); this module only wires them together and keeps what the analy
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,12 +27,15 @@ from ops.watch import WatchConfig, Watcher
 RUN_PREFIX = "runs/local"  # the local pod's --workdir is gs://BUCKET/runs/<stack>
 
 
+POLL_S = 0.5  # the watch's poll here, and the references' observation load
+
+
 def watch_config(notice: float, hang: float = 30.0) -> WatchConfig:
     """Short deadlines for one machine; poll 0.5 s like the demo."""
     limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=notice + 15)
     return WatchConfig(
         limits=limits,
-        poll=0.5,
+        poll=POLL_S,
         # Crashes and hangs are injected on purpose (a campaign injects dozens): the failure
         # budget is not what a benchmark measures, so it never ends the run.
         max_failures=10_000,
@@ -184,21 +190,50 @@ REFERENCE_SCRIPT = (
 )
 
 
+@contextlib.contextmanager
+def observed(provider, workers) -> Iterator[None]:
+    """What a watch poll costs the pod, every POLL_S while the block runs: the slice's
+    describe and one probe of every worker over SSH. On this pod the watcher, the SSH servers
+    and the trainers share 2 cores (about 5 % of the trainers' step rate), so a reference
+    without it would charge the faulted run's watch to its faults."""
+    from ops.workers import WorkerGroup
+
+    stop = threading.Event()
+
+    def poll() -> None:
+        with WorkerGroup(workers, retries=0) as group:
+            while not stop.wait(POLL_S):
+                with contextlib.suppress(Exception):  # load only: a failed poll is no result
+                    provider.describe()
+                    group.probe()
+
+    thread = threading.Thread(target=poll, name="reference-observer", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
 def run_reference(
     pod, timeout: float, console: Console, name: str = "reference"
 ) -> tuple[dict | None, float]:
-    """One uninterrupted reference run on every worker (as root, like the trainer): its
-    summary.json (final step, fingerprint) and its wall time. A fresh pod, so a fresh workdir."""
+    """One uninterrupted reference run on every worker (as root, like the trainer), observed
+    as the watch observes the faulted run: its summary.json (final step, fingerprint) and its
+    wall time. A fresh pod, so a fresh workdir."""
     from ops.demo import pod_provider, read_object
     from ops.workers import WorkerGroup, as_root
 
     bucket = json.loads((pod.paths.root / "endpoints.json").read_text())["bucket"]
     script = REFERENCE_SCRIPT.format(bucket=bucket, name=name, extra=REFERENCES[name])
-    workers = pod_provider(pod.paths.root).describe().workers
+    provider = pod_provider(pod.paths.root)
+    workers = provider.describe().workers
     started = time.time()
     with (
-        console.status(f"uninterrupted {name} run (same trainer.env, fresh workdir)"),
+        console.status(f"uninterrupted {name} run (same trainer.env, fresh workdir, watched)"),
         WorkerGroup(workers, retries=0) as group,
+        observed(provider, workers),
     ):
         outcomes = group.run(as_root(script), timeout=timeout)
     wall = time.time() - started
