@@ -224,7 +224,7 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
         if det:
             # a hang is a hang only once its heartbeat is HANG_S old: its goal starts there
             limit = 2.0 + (HANG_S if kind == "hang" else 0.0)
-            note = "median; met: every event" + (
+            note = "median; met only if every event is" + (
                 f"; the heartbeat limit is {HANG_S:g} s" if kind == "hang" else ""
             )
             figs.append(
@@ -281,7 +281,7 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
                 met,
                 n=len(lost),
                 spread=spread([float(x) for x in lost], digits=0),
-                note="each event, against the restored step; met: every event",
+                note="each event, against the restored step; met only if every event is",
             )
         )
     figs.append(compile_cache_figure(result["incidents"]))
