@@ -56,9 +56,9 @@ def first_stepping(segs: list[list[dict]]) -> float | None:
     return next((s["heartbeat"] for seg in segs for s in seg if s["state"] in STEPPING), None)
 
 
-def breakdown(record, start: float, end: float) -> dict[str, float]:
+def breakdown(record, start: float, end: float, source: str = "job") -> dict[str, float]:
     """Seconds per category over [start, end]; they add up to end - start."""
-    segs = segments(record.sampled.get("status", []))
+    segs = segments(record.sampled.get("status", []), source=source)
     lines = record.sampled.get("lines", [])
     out: dict[str, float] = defaultdict(float)
 
@@ -103,3 +103,11 @@ def reference_stepping(record, source: str) -> float | None:
     first = first_stepping(segs)
     done = next((s["heartbeat"] for seg in segs for s in seg if s["state"] == "done"), None)
     return done - first if first is not None and done is not None else None
+
+
+def reference_breakdown(record, source: str) -> dict[str, float] | None:
+    """A reference run's own categories over its first step -> done (its save stalls above all)."""
+    segs = segments(record.sampled.get("status", []), source=source)
+    first = first_stepping(segs)
+    done = next((s["heartbeat"] for seg in segs for s in seg if s["state"] == "done"), None)
+    return None if first is None or done is None else breakdown(record, first, done, source)

@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
 from localpod.loopback import LoopbackServer
-from localpod.tpu_nodes import HTTP_STATUS, ApiError, TpuService
+from localpod.tpu_nodes import TpuService
+from localpod.tpu_requests import HTTP_STATUS, ApiError
 
 _LOCATION = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 _ROUTES: list[tuple[str, re.Pattern, str]] = [

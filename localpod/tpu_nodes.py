@@ -10,17 +10,16 @@ whose host count is the pod's worker count: each worker plays one host, with the
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import threading
 import time
 from datetime import UTC, datetime
 
-from infra import catalog
 from localpod.environment import accelerator_type
 from localpod.metadata_server import PROJECT_ID, ZONE, Node
 from localpod.slice import Slice
 from localpod.state import PodError, SliceState
+from localpod.tpu_requests import ApiError, check_node_id, node_request
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
@@ -31,47 +30,9 @@ STOCKOUT = (
     'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU '
     "Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{eid}]"
 )
-# google.rpc.Code names -> HTTP status, as Google's REST front end maps them.
-HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400,
-    "FAILED_PRECONDITION": 400,
-    "PERMISSION_DENIED": 403,
-    "NOT_FOUND": 404,
-    "ALREADY_EXISTS": 409,
-}
 RPC_CODE = {"RESOURCE_EXHAUSTED": 8, "INTERNAL": 13}
-# Node fields a request may set; the output-only ones are ignored, as Google does.
-INPUT_FIELDS = frozenset((
-    "description", "acceleratorType", "runtimeVersion", "networkConfig", "networkConfigs",
-    "serviceAccount", "schedulingConfig", "labels", "metadata", "tags", "dataDisks",
-    "shieldedInstanceConfig", "acceleratorConfig", "multisliceNode",
-))  # fmt: skip
-OUTPUT_ONLY = frozenset((
-    "name", "state", "healthDescription", "cidrBlock", "createTime", "networkEndpoints", "health",
-    "id", "apiVersion", "symptoms", "queuedResource",
-))  # fmt: skip
-# The Node's message-typed fields and the names inside them (tpu_v2 JSON names): Google's parser
-# refuses an unknown name at any depth.
-MESSAGE_FIELDS = {
-    "networkConfig": {"network", "subnetwork", "enableExternalIps", "canIpForward", "queueCount"},
-    "serviceAccount": {"email", "scope"},
-    "schedulingConfig": {"preemptible", "reserved", "spot"},
-    "shieldedInstanceConfig": {"enableSecureBoot"},
-    "acceleratorConfig": {"type", "topology"},
-}
-NODE_ID = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 # Where a state's detail is worth telling the client (healthDescription).
 TELL_DETAIL = {SliceState.PREEMPTED, SliceState.TERMINATED}
-
-
-class ApiError(Exception):
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-    def body(self) -> dict:
-        code = HTTP_STATUS[self.status]
-        return {"error": {"code": code, "message": self.message, "status": self.status}}
 
 
 def _now() -> str:
@@ -95,44 +56,6 @@ def _gce_node(node_id: str, request: dict) -> dict:
         "service_account": account.get("email") or default.service_account,
         "scopes": list(account.get("scope") or default.scopes),
     }
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-def _unknown(key: str, where: str) -> ApiError:
-    return ApiError(
-        "INVALID_ARGUMENT",
-        f"Invalid JSON payload received. Unknown name \"{key}\" at '{where}': Cannot find field.",
-    )
-
-
-def _message(field: str, value: object) -> dict:
-    """A message-typed field with its names checked and spelled as the REST API does."""
-    where = "node." + re.sub(r"(?<!^)(?=[A-Z])", "_", field).lower()
-    if not isinstance(value, dict):
-        raise ApiError("INVALID_ARGUMENT", f"Invalid value at '{where}': expected an object.")
-    known = MESSAGE_FIELDS[field]
-    for key in value:
-        if _camel(key) not in known:
-            raise _unknown(key, where)
-    return {_camel(key): item for key, item in value.items()}
-
-
-def _count(count: int, noun: str) -> str:
-    return f"{count} {noun}{'s' * (count != 1)}"
-
-
-def catalog_hosts(accelerator: object) -> int | None:
-    """Hosts a real accelerator type needs (infra.catalog); None for a name the API does not
-    take (the API takes `v5litepod-16`, not the user-facing `v5e-16`)."""
-    try:
-        found = catalog.lookup(accelerator) if isinstance(accelerator, str) else None
-    except catalog.CatalogError:
-        return None
-    return found.hosts if found and found.api_type == accelerator else None
 
 
 class TpuService:
@@ -208,13 +131,8 @@ class TpuService:
 
     def create_node(self, project: str, zone: str, node_id: str | None, body: dict) -> dict:
         parent = self._location(project, zone)
-        if not node_id or not NODE_ID.fullmatch(node_id):
-            raise ApiError(
-                "INVALID_ARGUMENT",
-                f"nodeId {node_id!r} is invalid: lowercase letters, digits and hyphens, "
-                "starting with a letter, at most 63 characters.",
-            )
-        request = self._validate(body)
+        check_node_id(node_id)
+        request = node_request(body, self.accelerator, len(self.layout["addresses"]))
         name = f"{parent}/nodes/{node_id}"
         with self._lock:
             current = self._live()
@@ -245,44 +163,6 @@ class TpuService:
                 raise ApiError("FAILED_PRECONDITION", str(err)) from None
             self._node = node
             return _copy(operation)
-
-    def _validate(self, body: dict) -> dict:
-        """The request's Node with Google's checks: known names, string maps, our accelerator."""
-        if not isinstance(body, dict):
-            raise ApiError("INVALID_ARGUMENT", "Invalid JSON payload received: expected a Node.")
-        request = {}
-        for key, value in body.items():
-            field = _camel(key)
-            if field in OUTPUT_ONLY:
-                continue
-            if field not in INPUT_FIELDS:
-                raise _unknown(key, "node")
-            request[field] = _message(field, value) if field in MESSAGE_FIELDS else value
-        for field in ("metadata", "labels"):
-            value = request.get(field, {})
-            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-                raise ApiError("INVALID_ARGUMENT", f"node.{field} must map strings to strings.")
-        self._check_accelerator(request.get("acceleratorType"))
-        return request
-
-    def _check_accelerator(self, accelerator: object) -> None:
-        """The pod's own `cpu-N`, or a catalog type needing as many hosts as the pod has workers."""
-        if accelerator == self.accelerator:
-            return
-        hosts, workers = catalog_hosts(accelerator), len(self.layout["addresses"])
-        if hosts is None:
-            raise ApiError(
-                "INVALID_ARGUMENT",
-                f"node.acceleratorType {accelerator!r} is not offered in zone {ZONE}: "
-                f"this pod's workers make {self.accelerator!r}.",
-            )
-        if hosts != workers:
-            raise ApiError(
-                "INVALID_ARGUMENT",
-                f"node.acceleratorType {accelerator!r} needs {_count(hosts, 'host')}, this pod "
-                f"has {_count(workers, 'worker')}: start a pod of that size with "
-                f"`tpupod local up --workers {hosts}`.",
-            )
 
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         node = self._found(project, zone, node_id)
