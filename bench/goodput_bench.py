@@ -179,7 +179,7 @@ def figures(result: dict) -> list[Figure]:
         noise = (
             f"; over 100%: the faulted run stepped faster than its reference ({job_step * 1e3:.1f}"
             f" vs {ref_step * 1e3:.1f} ms a step, saves included), so the two runs' step rates "
-            "differ by more than the faults cost: judged only together with the own-rate figure"
+            "differ by more than the faults cost"
         )
     figs = [
         Figure(
