@@ -96,7 +96,29 @@ def test_analyses_on_synthetic_run():
     figs = goodput_bench.figures({**g, "period_s": 300.0})
     assert figs[0].name.startswith("goodput: reference with the same checkpoint policy")
     assert figs[0].met is False  # a 1-minute synthetic run cannot meet a >= 20 min goal
-    assert "checkpoint save" in figs[1].value and "lost progress" in figs[1].value
+    table = next(f for f in figs if f.name.startswith("badput breakdown"))
+    assert "checkpoint save" in table.value and "lost progress" in table.value
+    # the own-rate cross-check: productive + the save stalls the reference had too (its 5 saves
+    # stall longer than the faulted run's 4 in the window, so all 4 count), over the wall
+    assert g["reference_save_s"] > bad["checkpoint save"] > 0
+    own_rate = (bad["productive"] + bad["checkpoint save"]) / g["wall_s"]
+    assert g["goodput_own_rate"] == pytest.approx(own_rate)
+    own = next(f for f in figs if f.name.startswith("goodput at the faulted run's own step rate"))
+    assert own.value == f"{own_rate:.1%}" and own.met is False  # too short for the goal
+    # a headline past 100% (the reference stepped slower) says so and rests on the own rate
+    long = {**g, "period_s": 300.0, "wall_s": 1500.0, "kinds": ["notice", "kill"]}
+    for own_value, met in ((0.97, True), (0.93, False)):
+        fast = goodput_bench.figures(
+            {
+                **long,
+                "goodput": 1.004,
+                "goodput_own_rate": own_value,
+                "reference_step_s": 0.0453,
+                "mean_step_time_s": 0.0439,
+            }
+        )
+        assert "over 100%" in fast[0].note and "43.9 vs 45.3 ms" in fast[0].note
+        assert fast[0].met is met and fast[1].met is met
     overhead = next(f for f in figs if f.name.startswith("checkpoint overhead, tiny every 5"))
     # the 1.05 goal holds for tiny at checkpoint_every=100, not at 5: shown, not judged
     assert overhead.met is None and overhead.goal == ""
