@@ -97,17 +97,21 @@ def breakdown(record, start: float, end: float, source: str = "job") -> dict[str
     return {k: round(out.get(k, 0.0), 3) for k in CATEGORIES}
 
 
-def reference_stepping(record, source: str) -> float | None:
-    """A reference run's first step -> done, by its own heartbeats."""
+def reference_span(record, source: str) -> tuple[float, float] | None:
+    """A reference run's first step and its `done`, by its own heartbeats."""
     segs = segments(record.sampled.get("status", []), source=source)
     first = first_stepping(segs)
     done = next((s["heartbeat"] for seg in segs for s in seg if s["state"] == "done"), None)
-    return done - first if first is not None and done is not None else None
+    return None if first is None or done is None else (first, done)
+
+
+def reference_stepping(record, source: str) -> float | None:
+    """A reference run's first step -> done."""
+    span = reference_span(record, source)
+    return span[1] - span[0] if span else None
 
 
 def reference_breakdown(record, source: str) -> dict[str, float] | None:
     """A reference run's own categories over its first step -> done (its save stalls above all)."""
-    segs = segments(record.sampled.get("status", []), source=source)
-    first = first_stepping(segs)
-    done = next((s["heartbeat"] for seg in segs for s in seg if s["state"] == "done"), None)
-    return None if first is None or done is None else breakdown(record, first, done, source)
+    span = reference_span(record, source)
+    return breakdown(record, *span, source) if span else None

@@ -191,26 +191,31 @@ REFERENCE_SCRIPT = (
 
 
 @contextlib.contextmanager
-def observed(provider, workers) -> Iterator[None]:
+def observed(provider, workers) -> Iterator[dict[str, int]]:
     """What a watch poll costs the pod, every POLL_S while the block runs: the slice's
     describe and one probe of every worker over SSH. On this pod the watcher, the SSH servers
     and the trainers share 2 cores (about 5 % of the trainers' step rate), so a reference
-    without it would charge the faulted run's watch to its faults."""
+    without it would charge the faulted run's watch to its faults. Yields the poll counts: a
+    poll that fails adds less load, so the caller reports them."""
     from ops.workers import WorkerGroup
 
     stop = threading.Event()
+    counts = {"polls": 0, "failed": 0}
 
     def poll() -> None:
         with WorkerGroup(workers, retries=0) as group:
             while not stop.wait(POLL_S):
-                with contextlib.suppress(Exception):  # load only: a failed poll is no result
+                counts["polls"] += 1
+                try:
                     provider.describe()
                     group.probe()
+                except Exception:  # noqa: BLE001 - load only: counted, never a result
+                    counts["failed"] += 1
 
     thread = threading.Thread(target=poll, name="reference-observer", daemon=True)
     thread.start()
     try:
-        yield
+        yield counts
     finally:
         stop.set()
         thread.join(timeout=30)
@@ -233,10 +238,11 @@ def run_reference(
     with (
         console.status(f"uninterrupted {name} run (same trainer.env, fresh workdir, watched)"),
         WorkerGroup(workers, retries=0) as group,
-        observed(provider, workers),
+        observed(provider, workers) as polls,
     ):
         outcomes = group.run(as_root(script), timeout=timeout)
     wall = time.time() - started
+    console.print(f"{name}: observed by {polls['polls']} polls ({polls['failed']} failed)")
     bad = [o for o in outcomes.values() if not o.ok]
     if bad:
         console.print(f"{name} run failed on worker {bad[0].index} (exit {bad[0].exited})")
