@@ -58,6 +58,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer-config", default="small", help="trainer/checkpoint: preset")
     p.add_argument("--trainer-steps", type=int, default=15)
     p.add_argument("--checkpoint-steps", type=int, default=30)
+    p.add_argument(
+        "--checkpoint-repeats",
+        type=int,
+        default=3,
+        help="checkpoint: interleaved runs of each variant (none, async, sync)",
+    )
     p.add_argument("--count", type=int, default=100, help="faults: how many faults in all")
     p.add_argument("--seed", type=int, default=0, help="faults: seed of the random mix")
     p.add_argument("--per-leg", type=int, default=25, help="faults: faults per pod run (leg)")
@@ -96,41 +102,18 @@ def gpu_figs(a, console) -> list[Figure]:
 def checkpoint_figs(a, console) -> list[Figure]:
     from bench import checkpoint_bench
 
-    r = checkpoint_bench.run(a.trainer_config, a.checkpoint_steps)
+    r = checkpoint_bench.run(a.trainer_config, a.checkpoint_steps, repeats=a.checkpoint_repeats)
     save("checkpoint", r)
-    loops = ", ".join(f"{k} {v:.1f} s" for k, v in r["loop_s"].items())
-    what = f"{r['config']}, {r['steps']} steps, every {r['checkpoint_every']}"
-    return [
-        Figure(
-            f"checkpoint overhead, async ({what})",
-            r["async_over_none"],
-            "x",
-            f"<= {goal}" if (goal := r["goal_async_over_none"]) else "",
-            r["async_over_none"] <= goal if goal else None,
-            note=f"one process, loop wall time over none: {loops}",
-        ),
-        Figure(
-            f"checkpoint overhead, sync ({what})",
-            r["sync_over_none"],
-            "x",
-            note=f"one process, loop wall time over none: {loops}",
-        ),
-        Figure(
-            f"SIGTERM -> committed exit ({r['config']})",
-            r["sigterm_to_exit_s"],
-            "s",
-            note=f"exit code {r['sigterm_exit_code']} at step {r['sigterm_step']}",
-        ),
-    ] + checkpoint_storage_figs()
+    return checkpoint_bench.figures(r) + checkpoint_storage_figs()
 
 
 def checkpoint_storage_figs() -> list[Figure]:
     """Restore / save-on-notice seconds and steps lost on a kill, on the pod's GCS emulator."""
-    from bench import checkpoint_bench
+    from bench import checkpoint_storage
 
-    r = checkpoint_bench.storage_run()
+    r = checkpoint_storage.storage_run()
     save("checkpoint_storage", r)
-    return checkpoint_bench.figures(r)
+    return checkpoint_storage.storage_figures(r)
 
 
 def infra_figs(a, console) -> list[Figure]:
@@ -270,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".json").unlink(missing_ok=True)  # smoke rows never accumulate
         figs = smoke(out, console)
         if "checkpoint" in a.which:  # named only: it starts an emulator and imports Orbax
-            from bench import checkpoint_bench
+            from bench import checkpoint_storage
 
-            figs += checkpoint_bench.smoke_figures(checkpoint_bench.smoke())
+            figs += checkpoint_storage.smoke_figures(checkpoint_storage.smoke())
         figures = report.stamp(figs, command)
         report.write(figures, out)
         console.print(f"wrote {out}")

@@ -1,19 +1,13 @@
-"""Checkpoint cost and speed.
+"""Checkpoint overhead: training-loop wall time with async checkpoints at the goal's interval
+over the time without (median of interleaved repeats), the same for synchronous ones, and SIGTERM
+-> committed exit time (local disk). The pod-storage rows are bench.checkpoint_storage's.
 
-`run`: training-loop wall time with async checkpoints every 10 steps over the time without
-(goal <= 1.02), the same for synchronous ones, and SIGTERM -> committed exit time (local disk).
-`storage_run`: on the pod's storage (the GCS emulator on loopback, OCDBT, as the pod runs): restore
-seconds (`tiny`, `small`), save-on-notice seconds, steps lost on a SIGKILL at the interval used,
-and where a restore's time goes (objects per step, requests and their latency).
-`smoke`: Orbax save + restore of a tiny-sized tree through the emulator, in seconds (CI).
-
-    uv run python -m bench.checkpoint_bench [--config small] [--steps 30] [--storage]
+    uv run python -m bench.checkpoint_bench [--config small] [--steps 30] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -25,11 +19,6 @@ import time
 from pathlib import Path
 
 from bench.trainer_bench import REPO, train
-
-BUCKET = "tpupod-bench"
-# tiny <= 1 s is issue 15's; small's restore goal is ours (a 52M-parameter model with its Adam
-# state, ~0.6 GB); a save on notice must commit well inside the 30 s notice: half of it.
-GOALS = {"restore_tiny_s": 1.0, "restore_small_s": 10.0, "save_tiny_s": 15.0, "save_small_s": 15.0}
 
 
 def sigterm_exit_seconds(config: str, steps: int, workdir: str) -> dict:
@@ -73,26 +62,48 @@ def policy_every(config: str) -> int:
     return GOAL_EVERY.get(config) or load_config(config).checkpoint_every
 
 
-def run(config: str = "small", steps: int = 30, every: int | None = None) -> dict:
+VARIANTS = {
+    "none": ["checkpoint_every=0"],
+    "async": ["checkpoint_async=true"],
+    "sync": ["checkpoint_async=false"],
+}
+
+
+def loop_seconds(t) -> float:
+    """The training loop's wall time less the one-off matmul peak probe inside it (its length
+    varies from run to run and has nothing to do with checkpoints)."""
+    return t.summary["train_loop_s"] - t.events.get("peak_measured", {}).get("seconds", 0.0)
+
+
+def run(config: str = "small", steps: int = 30, every: int | None = None, repeats: int = 3):
+    """Each variant `repeats` times, interleaved (none, async, sync, none, ...): the machine's
+    speed drifts by a few percent over minutes, as much as the overhead being measured, and
+    interleaving spreads that drift over every variant instead of charging it to one."""
     every = every or policy_every(config)
-    loops = {}
+    loops: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
-        variants = {
-            "none": ["checkpoint_every=0"],
-            "async": [f"checkpoint_every={every}", "checkpoint_async=true"],
-            "sync": [f"checkpoint_every={every}", "checkpoint_async=false"],
-        }
-        for name, sets in variants.items():
-            t = train(config, steps, str(Path(tmp) / name), [*sets, "keep_latest=10"])
-            loops[name] = t.summary["train_loop_s"]
+        for r in range(repeats):
+            for name, sets in VARIANTS.items():
+                sets = [*sets, f"checkpoint_every={every}"] if name != "none" else sets
+                t = train(config, steps, str(Path(tmp) / f"{name}{r}"), [*sets, "keep_latest=10"])
+                loops[name].append(loop_seconds(t))
+                cpu[name].append(t.user_s + t.sys_s)
         term = sigterm_exit_seconds(config, steps, str(Path(tmp) / "term"))
+    median = {name: statistics.median(v) for name, v in loops.items()}
     return {
         "config": config,
         "steps": steps,
         "checkpoint_every": every,
-        "loop_s": loops,
-        "async_over_none": loops["async"] / loops["none"],
-        "sync_over_none": loops["sync"] / loops["none"],
+        "repeats": repeats,
+        "loop_s": loops,  # per variant, in run order
+        "cpu_s": cpu,  # the trainer process's user + system seconds, in run order
+        "loop_median_s": median,
+        # Each round's ratio (runs minutes apart) and the ratio of medians, which is judged.
+        "async_over_none_each": [a / n for a, n in zip(loops["async"], loops["none"], strict=True)],
+        "sync_over_none_each": [a / n for a, n in zip(loops["sync"], loops["none"], strict=True)],
+        "async_over_none": median["async"] / median["none"],
+        "sync_over_none": median["sync"] / median["none"],
         "goal_async_over_none": OVERHEAD_GOAL.get(config)
         if every == policy_every(config)
         else None,
@@ -102,207 +113,46 @@ def run(config: str = "small", steps: int = 30, every: int | None = None) -> dic
     }
 
 
-@contextlib.contextmanager
-def emulator(log: Path):
-    """The pod's GCS emulator (localpod.emulator) on a free loopback port; yields its env."""
-    from localpod.storage import running_emulator
-
-    with running_emulator(BUCKET, log) as url:
-        yield {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-               "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x", "FSSPEC_GCS_TOKEN": "anon",
-               "NO_GCE_CHECK": "true", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}  # fmt: skip
-
-
-def _trainer(config, steps, workdir, sets, env, cc) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "trainer", "--config", config, "--steps", str(steps),
-           "--workdir", workdir, "--compile-cache", cc, "--set", "log_every=1"]  # fmt: skip
-    for s in sets:
-        cmd += ["--set", s]
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), **env}
-    return subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-
-
-def _events(out: str) -> dict[str, dict]:
-    found = {}
-    for line in out.splitlines():
-        with contextlib.suppress(ValueError):
-            r = json.loads(line)
-            if "event" in r:
-                found[r["event"]] = r
-    return found
-
-
-def _until_step(proc: subprocess.Popen, step: int) -> str:
-    """Reads the run's stdout until it logs `step`; returns what it read."""
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(f'{{"step": {step},'):
-            break
-    return "".join(seen)
-
-
-def _requests(log: Path, since: int) -> int:
-    """Object requests the emulator logged after byte offset `since` of its log."""
-    with log.open("rb") as f:
-        f.seek(since)
-        return sum(1 for x in f if b"/o" in x and b'HTTP/1.1"' in x)
-
-
-def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: str) -> dict:
-    """One preset on the emulator: SIGTERM at step `every`+1 (save on notice), resume (restore
-    seconds, requests), then SIGKILL at a step past a save and resume (steps lost)."""
-    wd = f"gs://{BUCKET}/runs/{config}"
-    sets = [f"checkpoint_every={every}"]
-    proc = _trainer(config, steps, wd, sets, env, cc)
-    try:
-        _until_step(proc, every + 1)
-        proc.send_signal(signal.SIGTERM)
-        term = _events(proc.stdout.read())["preempted"]
-        proc.wait(timeout=300)
-        before = log.stat().st_size
-        proc = _trainer(config, steps, wd, sets, env, cc)
-        first = _until_step(proc, term["step"] + 1)
-        restored, requests = _events(first).get("restored", {}), _requests(log, before)
-        kill_at = term["step"] + every + max(every // 2, 1)  # mid-interval, one save after resume
-        _until_step(proc, kill_at)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        proc = _trainer(config, steps, wd, sets, env, cc)
-        resumed = _events(_until_step(proc, kill_at + 1)).get("restored", {})
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    return {
-        "config": config,
-        "checkpoint_every": every,
-        "save_on_notice_s": term.get("save_s"),
-        "restore_s": restored.get("seconds"),
-        "restore_requests": requests,
-        "killed_at": kill_at,
-        "resumed_from": resumed.get("step"),
-        "steps_lost": kill_at - resumed["step"] if "step" in resumed else None,
-    }
-
-
 def figures(r: dict) -> list:
-    """BENCHMARKS.md rows, each with its goal and a judged met / not met."""
+    """BENCHMARKS.md rows: async overhead judged against the goal, sync beside it, SIGTERM exit."""
     from bench.report import Figure
 
-    rows = []
-    for c in r["cases"]:
-        cfg, every = c["config"], c["checkpoint_every"]
-        where = f"{cfg} on the pod's GCS emulator (OCDBT), checkpoint_every={every}"
-        goal = r["goals"].get(f"restore_{cfg}_s")
-        rows.append(Figure(f"checkpoint restore seconds, {cfg}", c["restore_s"], "s",
-                           f"<= {goal:g} s" if goal else "", _met(c["restore_s"], goal),
-                           note=f"{where}: listing, checks and every read; "
-                           f"{c['restore_requests']} object requests"))  # fmt: skip
-        goal = r["goals"].get(f"save_{cfg}_s")
-        rows.append(Figure(f"checkpoint save on notice seconds, {cfg}", c["save_on_notice_s"],
-                           "s", f"<= {goal:g} s (half the 30 s notice)" if goal else "",
-                           _met(c["save_on_notice_s"], goal), note=f"{where}: SIGTERM to "
-                           "committed (the trainer's preempted.save_s)"))  # fmt: skip
-        rows.append(Figure(f"steps lost on a kill, {cfg}", c["steps_lost"], "steps",
-                           f"<= {every} (one interval)", _met(c["steps_lost"], every),
-                           note=f"{where}: SIGKILL at step {c['killed_at']} (mid-interval), "
-                           f"resumed from {c['resumed_from']}"))  # fmt: skip
-    lat = r["latency"]
-    rows.append(Figure("GCS emulator: one small GET", lat["median_s"] * 1e3, "ms",
-                       note=f"median of 200 on a kept-alive connection, p90 "
-                       f"{lat['p90_s'] * 1e3:.2f} ms"))  # fmt: skip
-    return rows
+    what = f"{r['config']}, {r['steps']} steps, every {r['checkpoint_every']}"
+    runs = ", ".join(f"{k} {v:.1f}" for k, v in r["loop_median_s"].items())
+    cpu = ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in r["cpu_s"].items())
 
+    def overhead(name: str, goal=None) -> Figure:
+        each = r[f"{name}_over_none_each"]
+        return Figure(
+            f"checkpoint overhead, {name} ({what})",
+            r[f"{name}_over_none"],
+            "x",
+            f"<= {goal}" if goal else "",
+            r[f"{name}_over_none"] <= goal if goal else None,
+            n=len(each),
+            spread=", ".join(f"{x:.3f}" for x in each),
+            note=f"one process; median loop wall time (less the peak probe) over none's, the "
+            f"variants interleaved {r['repeats']} times (spread: each round's ratio); median "
+            f"loop s: {runs}; median trainer CPU s: {cpu}",
+        )
 
-def smoke_figures(r: dict) -> list:
-    from bench.report import Figure
-
-    note = f"SYNTHETIC: 12 arrays of 64x192 float32 in-process, {r['objects']} objects"
     return [
-        Figure("smoke: checkpoint save seconds (OCDBT, emulator)", r["save_s"], "s", note=note),
+        overhead("async", r["goal_async_over_none"]),
+        overhead("sync"),
         Figure(
-            "smoke: checkpoint restore seconds (OCDBT, emulator)",
-            r["restore_s"],
+            f"SIGTERM -> committed exit ({r['config']})",
+            r["sigterm_to_exit_s"],
             "s",
-            f"<= {r['goals']['restore_tiny_s']:g} s",
-            _met(r["restore_s"], r["goals"]["restore_tiny_s"]),
-            note=note,
-        ),  # fmt: skip
+            note=f"exit code {r['sigterm_exit_code']} at step {r['sigterm_step']}",
+        ),
     ]
-
-
-def _met(value, goal) -> bool | None:
-    return None if value is None or goal is None else value <= goal
-
-
-def request_latency(env: dict, n: int = 200) -> dict:
-    """Median and p90 seconds of one small object GET on a kept-alive connection."""
-    import http.client
-
-    url = env["STORAGE_EMULATOR_HOST"].removeprefix("http://")
-    conn = http.client.HTTPConnection(url, timeout=10)
-    body = b"x" * 1024
-    conn.request("POST", f"/upload/storage/v1/b/{BUCKET}/o?uploadType=media&name=lat", body)
-    conn.getresponse().read()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        conn.request("GET", f"/storage/v1/b/{BUCKET}/o/lat?alt=media")
-        conn.getresponse().read()
-        times.append(time.perf_counter() - t0)
-    conn.close()
-    times.sort()
-    return {"median_s": statistics.median(times), "p90_s": times[int(0.9 * len(times))]}
-
-
-def storage_run(configs=(("tiny", 40, 5), ("small", 30, 4))) -> dict:
-    """small at 4 steps per save: about 9 s per step on a 2-core CPU, so three starts of it
-    (SIGTERM, resume, SIGKILL, resume) stay within minutes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "emulator.log"
-        with emulator(log) as env:
-            cases = [storage_case(c, s, e, env, log, str(Path(tmp) / "cc")) for c, s, e in configs]
-            latency = request_latency(env)
-    return {"cases": cases, "latency": latency, "goals": GOALS}
-
-
-def smoke() -> dict:
-    """Orbax OCDBT save + restore of a `tiny`-sized tree through the emulator, in-process."""
-    import numpy as np
-
-    with tempfile.TemporaryDirectory() as tmp, emulator(Path(tmp) / "emu.log") as env:
-        os.environ.update(env)
-        import orbax.checkpoint as ocp
-
-        rng = np.random.default_rng(0)
-        tree = {f"w{i}": rng.standard_normal((64, 192), np.float32) for i in range(12)}
-        path = f"gs://{BUCKET}/smoke/state"
-        ckptr = ocp.StandardCheckpointer()
-        t0 = time.perf_counter()
-        ckptr.save(path, tree)
-        ckptr.wait_until_finished()
-        save_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        back = ckptr.restore(path, tree)
-        restore_s = time.perf_counter() - t0
-        assert all(np.array_equal(tree[k], back[k]) for k in tree)
-        import gcsfs
-
-        objects = len(gcsfs.GCSFileSystem().find(path))
-    return {"save_s": save_s, "restore_s": restore_s, "objects": objects, "goals": GOALS}
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="small")
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--every", type=int, default=10)
-    p.add_argument("--storage", action="store_true", help="the emulator rows instead")
-    p.add_argument("--smoke", action="store_true", help="the in-process smoke instead")
+    p.add_argument("--every", type=int, default=None, help="default: the goal's interval")
+    p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
-    result = smoke() if a.smoke else storage_run() if a.storage else run(a.config, a.steps, a.every)
-    print(json.dumps(result, indent=1))
+    print(json.dumps(run(a.config, a.steps, a.every, a.repeats), indent=1))
