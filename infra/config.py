@@ -9,37 +9,33 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 from typing import Any, Literal
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra import catalog, exposure
+from infra.config_checks import (
+    NAMESPACE,
+    ConfigError,
+    check_bucket_name,
+    check_data_location,
+    check_provisioning,
+    check_ssh_cidr,
+    check_subnet,
+)
 from infra.metadata import DEFAULT_COORDINATOR_PORT
 from infra.security import SOFT_DELETE_DAYS_DEFAULT, SOFT_DELETE_DAYS_RANGE
 from trainer.config import PRESETS
 
-NAMESPACE = "tpupod"
-PROVISIONING_MODES = ("spot", "preemptible", "on-demand", "reserved")
 Provisioning = Literal["spot", "preemptible", "on-demand", "reserved"]
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _LIST_KEYS = {"sshSourceRanges"}
-_DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 DATA_PREFIX = "data/"  # where a stack's own bucket keeps prepared data (infra.identity grants it)
 # The watcher VM (infra/watcher.py): small shared-core and general-purpose types are enough for a
 # loop that polls one API and a few SSH sessions; e2-small is the default.
 WATCHER_MACHINE_TYPES = ("e2-micro", "e2-small", "e2-medium", "e2-standard-2", "n2-standard-2",
                          "n2d-standard-2", "t2d-standard-1")  # fmt: skip
 _BOOLS = {"true": True, "false": False, True: True, False: False}
-
-
-class ConfigError(ValueError):
-    """One bad key: `str()` is the whole one-line message."""
-
-    def __init__(self, key: str, problem: str):
-        self.key = key if ":" in key else f"{NAMESPACE}:{key}"
-        super().__init__(f"{self.key}: {problem}")
 
 
 class StackConfig(BaseModel):
@@ -75,23 +71,7 @@ class StackConfig(BaseModel):
     @field_validator("data")
     @classmethod
     def _data_location(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        value = value.strip().rstrip("/")
-        if value.startswith("gs://"):
-            bucket, _, path = value[len("gs://") :].partition("/")
-            check_bucket_name(bucket, "data")
-            ok = bool(path)
-        else:
-            ok = bool(_DATA_NAME.match(value)) and ".." not in value.split("/")
-        if not ok or any(c.isspace() for c in value):
-            raise ConfigError(
-                "data",
-                f"{value!r} is neither a name under the stack bucket's data/ prefix (like "
-                "corpus-bpe) nor gs://BUCKET/PATH; prepare data with `python -m trainer.data "
-                "prepare --out gs://BUCKET/data/NAME` and name it",
-            )
-        return value
+        return None if value is None else check_data_location(value)
 
     @field_validator("watcher", mode="before")
     @classmethod
@@ -148,22 +128,7 @@ class StackConfig(BaseModel):
     @field_validator("provisioning", mode="before")
     @classmethod
     def _one_provisioning_mode(cls, value: Any) -> Any:
-        modes = [m for m in re.split(r"[\s,+]+", str(value).strip().lower()) if m]
-        unknown = [m for m in modes if m not in PROVISIONING_MODES]
-        if unknown or not modes:
-            raise ConfigError(
-                "provisioning",
-                f"unknown mode {value!r}; use one of {', '.join(PROVISIONING_MODES)}",
-            )
-        if {"spot", "reserved"} <= set(modes):
-            raise ConfigError(
-                "provisioning",
-                "spot and reserved cannot be combined (spot capacity never comes from a "
-                "reservation); set exactly one of them",
-            )
-        if len(set(modes)) > 1:
-            raise ConfigError("provisioning", f"{value!r} names several modes; set exactly one")
-        return modes[0]
+        return check_provisioning(value)
 
     @field_validator("preset")
     @classmethod
@@ -179,7 +144,7 @@ class StackConfig(BaseModel):
     def _cidrs(cls, value: Any) -> Any:
         ranges = [value] if isinstance(value, str) else list(value or ())
         for cidr in ranges:
-            _check_ssh_cidr(str(cidr))
+            check_ssh_cidr(str(cidr))
         return tuple(str(ipaddress.ip_network(str(c), strict=True)) for c in ranges)
 
     @field_validator("soft_delete_days")
@@ -196,17 +161,7 @@ class StackConfig(BaseModel):
     @field_validator("subnet_cidr")
     @classmethod
     def _subnet(cls, value: str) -> str:
-        try:
-            network = ipaddress.ip_network(value, strict=True)
-        except ValueError:
-            raise ConfigError(
-                "subnetCidr", f"{value!r} is not a CIDR range like 10.64.0.0/20"
-            ) from None
-        if not network.is_private:
-            raise ConfigError(
-                "subnetCidr", f"{value} is not a private range; use e.g. 10.64.0.0/20"
-            )
-        return value
+        return check_subnet(value)
 
     @field_validator("bucket_name", "existing_bucket")
     @classmethod
@@ -293,38 +248,6 @@ class StackConfig(BaseModel):
 
         uri = self.data_uri
         return uri is not None and uri.startswith(f"gs://{naming.bucket_name(self)}/{DATA_PREFIX}")
-
-
-def _check_ssh_cidr(cidr: str) -> None:
-    """One listed range on its own; what the list opens together is checked after."""
-    try:
-        network = ipaddress.ip_network(cidr, strict=False)
-    except ValueError:
-        raise ConfigError(
-            "sshSourceRanges", f"{cidr!r} is not a CIDR range; write ranges like 203.0.113.0/24"
-        ) from None
-    if network.version != 4:
-        raise ConfigError(
-            "sshSourceRanges", f"{cidr} is IPv6; the workers' VPC is IPv4-only, list IPv4 ranges"
-        )
-    if str(network) != cidr:
-        raise ConfigError("sshSourceRanges", f"{cidr!r} has host bits set; did you mean {network}?")
-
-
-def check_bucket_name(name: str, key: str = "bucketName") -> None:
-    """Cloud Storage naming rules (https://cloud.google.com/storage/docs/buckets#naming)."""
-    problem = None
-    if not _BUCKET_NAME.match(name) or ".." in name:
-        problem = (
-            "use 3-63 lowercase letters, digits, '-', '_' or '.', starting and ending with a "
-            "letter or digit"
-        )
-    elif name.startswith("goog") or "google" in name:
-        problem = "names may not start with 'goog' or contain 'google'; pick another name"
-    elif re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
-        problem = "names may not look like an IP address; pick another name"
-    if problem:
-        raise ConfigError(key, f"{name!r} is not a valid bucket name; {problem}")
 
 
 def parse(raw: dict[str, Any], *, stack: str) -> StackConfig:

@@ -324,7 +324,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.set_defaults(func=cmd_watch)
 
     demo = subparsers.add_parser(
-        "demo", help="local pod: train, preempt, hang, recover; compare with an uninterrupted run"
+        "demo", help="local pod: train, hang, preempt, recover; compare with an uninterrupted run"
     )
     demo.add_argument("--preset", default="tiny", help="trainer config preset")
     demo.add_argument("--steps", type=int, default=60, help="training steps")

@@ -1,5 +1,5 @@
-"""`tpupod demo`: a 2-worker local pod trains, is preempted (with notice; its first recreate
-meets a stockout) and hangs; the pod's watcher VM recovers it through the TPU API exactly as the
+"""`tpupod demo`: a 2-worker local pod trains, hangs, and is preempted (with notice; its first
+recreate meets a stockout); the pod's watcher VM recovers it through the TPU API exactly as the
 stack's watcher does on GCP, and the final weights are compared with an uninterrupted run.
 
 The watcher VM (localpod.watcher_vm) boots from its own startup script and runs `tpupod watch`
@@ -61,12 +61,15 @@ def pod_provider(pod_dir) -> TpuProvider:
 
 
 def demo_faults(steps: int) -> list[Fault]:
-    """A preemption with notice whose first recreate meets a stockout, then a hang."""
+    """A hang, then a preemption with notice whose first recreate meets a stockout. In this order
+    because each fault waits for the laptop to see the trainers at its step: after a hang the
+    workers are the same and the laptop's SSH connections still hold, while after a re-creation
+    it must describe and connect anew, and a short run could finish in the meantime."""
     return [
-        Fault("preemption", int(steps * 0.3), lambda pod: pod.preempt(NOTICE_S, wait=False),
+        Fault("hang", int(steps * 0.3), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
+        Fault("preemption", int(steps * 0.5), lambda pod: pod.preempt(NOTICE_S, wait=False),
               f"preemption with {NOTICE_S:g}s notice, then a stockout on the first recreate",
               then=lambda pod: pod.inject_stockout(1)),
-        Fault("hang", int(steps * 0.65), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
     ]  # fmt: skip
 
 
@@ -200,7 +203,7 @@ def run_demo(args: argparse.Namespace) -> int:
     console = Console()
     steps, preset = args.steps, args.preset
     if steps < 20:
-        raise CliError("--steps must be at least 20 (room for a preemption and a hang)")
+        raise CliError("--steps must be at least 20 (room for a hang and a preemption)")
     pod_dir = args.pod_dir or ROOT / ".tpupod" / "demo"
     # A save every 10 steps: enough to show a hang's lost steps, few enough for a 2-core machine.
     job = f"--config {preset} --steps {steps} --set checkpoint_every=10"
@@ -229,6 +232,10 @@ def run_demo(args: argparse.Namespace) -> int:
         view.note("lease", f"last held by {holder}", holder=holder)
         if end["event"] != "done":
             console.print(f"[red]the watcher gave up[/red]: {end.get('message')}")
+            return 1
+        if missed := [f.label for f in plan.faults if f.kind not in plan.injected]:
+            console.print(f"[red]the run reached step {end.get('step')} before this fault could "
+                          f"be injected[/red]: {missed[0]}; try again with more --steps")  # fmt: skip
             return 1
         summary = read_object(pod.paths.root, "runs/local/summary.json")
         reference, ref_wall = run_reference(pod, console)

@@ -1,5 +1,5 @@
-"""`tpupod demo` with few steps: a preemption with notice (its first recreate meets a stockout) and
-a hang on a real local pod, recovered by the pod's watcher VM (its own `tpupod watch` through the
+"""`tpupod demo` with few steps: a hang, then a preemption with notice (its first recreate meets a
+stockout) on a real local pod, recovered by the pod's watcher VM (its own `tpupod watch` through the
 pod's TPU API) while the demo process only observes; final weights bitwise equal to an
 uninterrupted run (the demo exits 0 only then)."""
 

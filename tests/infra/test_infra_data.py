@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from infra import metadata, naming, offline, policies
-from infra.config import ConfigError, parse
+from infra.config import parse
+from infra.config_checks import ConfigError
 from infra.identity import READ_ONLY
 
 GRANT = "gcp:storage/bucketIAMMember:BucketIAMMember"
