@@ -81,8 +81,10 @@ def _requests(log: Path, since: int) -> int:
 
 def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: str) -> dict:
     """One preset on the emulator: SIGTERM at step `every`+1 (save on notice), resume (restore
-    seconds, requests), then SIGKILL at a step past a save and resume (steps lost)."""
-    wd = f"gs://{BUCKET}/runs/{config}"
+    seconds, requests), then SIGKILL at a step past a save and resume (steps lost). Whether saves
+    keep up with the interval: the notice save's seconds against the killed run's median step
+    time times the interval."""
+    wd = f"gs://{BUCKET}/runs/{config}-every{every}"
     sets = [f"checkpoint_every={every}"]
     proc = _trainer(config, steps, wd, sets, env, cc)
     try:
@@ -95,7 +97,7 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
         first = _until_step(proc, term["step"] + 1)
         restored, requests = _events(first).get("restored", {}), _requests(log, before)
         kill_at = term["step"] + every + max(every // 2, 1)  # mid-interval, one save after resume
-        _until_step(proc, kill_at)
+        step_s = _median_step_time(first + _until_step(proc, kill_at))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         proc = _trainer(config, steps, wd, sets, env, cc)
@@ -113,36 +115,66 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
         "killed_at": kill_at,
         "resumed_from": resumed.get("step"),
         "steps_lost": kill_at - resumed["step"] if "step" in resumed else None,
+        "step_s": step_s,  # median seconds a step in the killed run
+        "interval_s": step_s * every if step_s else None,
     }
+
+
+def _median_step_time(out: str) -> float | None:
+    times = []
+    for line in out.splitlines():
+        with contextlib.suppress(ValueError):
+            if "step_time" in (r := json.loads(line)):
+                times.append(r["step_time"])
+    return statistics.median(times[1:] or times) if times else None  # the first holds compile
 
 
 def storage_figures(r: dict) -> list:
     """BENCHMARKS.md rows, each with its goal and a judged met / not met."""
     from bench.report import Figure
 
-    rows = []
+    rows, timed = [], set()
     for c in r["cases"]:
         cfg, every = c["config"], c["checkpoint_every"]
         where = f"{cfg} on the pod's GCS emulator (OCDBT), checkpoint_every={every}"
-        goal = r["goals"].get(f"restore_{cfg}_s")
-        rows.append(Figure(f"checkpoint restore seconds, {cfg}", c["restore_s"], "s",
-                           f"<= {goal:g} s" if goal else "", _met(c["restore_s"], goal),
-                           note=f"{where}: listing, checks and every read; "
-                           f"{c['restore_requests']} object requests"))  # fmt: skip
-        goal = r["goals"].get(f"save_{cfg}_s")
-        rows.append(Figure(f"checkpoint save on notice seconds, {cfg}", c["save_on_notice_s"],
-                           "s", f"<= {goal:g} s (half the 30 s notice)" if goal else "",
-                           _met(c["save_on_notice_s"], goal), note=f"{where}: SIGTERM to "
-                           "committed (the trainer's preempted.save_s)"))  # fmt: skip
-        rows.append(Figure(f"steps lost on a kill, {cfg}", c["steps_lost"], "steps",
-                           f"<= {every} (one interval)", _met(c["steps_lost"], every),
-                           note=f"{where}: SIGKILL at step {c['killed_at']} (mid-interval), "
-                           f"resumed from {c['resumed_from']}"))  # fmt: skip
+        if cfg not in timed:  # restore and save seconds: the first case of each preset
+            timed.add(cfg)
+            goal = r["goals"].get(f"restore_{cfg}_s")
+            rows.append(Figure(f"checkpoint restore seconds, {cfg}", c["restore_s"], "s",
+                               f"<= {goal:g} s" if goal else "", _met(c["restore_s"], goal),
+                               note=f"{where}: listing, checks and every read; "
+                               f"{c['restore_requests']} object requests"))  # fmt: skip
+            goal = r["goals"].get(f"save_{cfg}_s")
+            rows.append(Figure(f"checkpoint save on notice seconds, {cfg}", c["save_on_notice_s"],
+                               "s", f"<= {goal:g} s (half the 30 s notice)" if goal else "",
+                               _met(c["save_on_notice_s"], goal), note=f"{where}: SIGTERM to "
+                               "committed (the trainer's preempted.save_s)"))  # fmt: skip
+        rows.append(steps_lost_figure(c, where))
     lat = r["latency"]
     rows.append(Figure("GCS emulator: one small GET", lat["median_s"] * 1e3, "ms",
                        note=f"median of 200 on a kept-alive connection, p90 "
                        f"{lat['p90_s'] * 1e3:.2f} ms"))  # fmt: skip
     return rows
+
+
+def steps_lost_figure(c: dict, where: str):
+    """Judged against one interval only where a save is faster than an interval of steps: issue
+    15's goal holds "once saves are faster than the interval". Where it is not (a save of tiny
+    outlasts 5 of its steps), a kill lands in a save still in flight and loses that interval too;
+    the row shows it, unjudged (the trainer says so and names the fix once a save comes due while
+    another writes)."""
+    from bench.report import Figure
+
+    every, save_s, interval_s = c["checkpoint_every"], c["save_on_notice_s"], c["interval_s"]
+    note = (f"{where}: SIGKILL at step {c['killed_at']} (mid-interval), resumed from "
+            f"{c['resumed_from']}; a save {save_s} s, an interval "
+            f"{interval_s:.2f} s ({every} steps of {c['step_s'] * 1e3:.0f} ms)")  # fmt: skip
+    name = f"steps lost on a kill, {c['config']} (every {every})"
+    if save_s is not None and save_s < interval_s:
+        return Figure(name, c["steps_lost"], "steps", f"<= {every} (one interval)",
+                      _met(c["steps_lost"], every), note=note)  # fmt: skip
+    return Figure(name, c["steps_lost"], "steps", note=f"{note}: saves slower than the "
+                  "interval, so no goal applies (raise checkpoint_every)")  # fmt: skip
 
 
 def smoke_figures(r: dict) -> list:
@@ -186,9 +218,10 @@ def request_latency(env: dict, n: int = 200) -> dict:
     return {"median_s": statistics.median(times), "p90_s": times[int(0.9 * len(times))]}
 
 
-def storage_run(configs=(("tiny", 40, 5), ("small", 30, 4))) -> dict:
-    """small at 4 steps per save: about 9 s per step on a 2-core CPU, so three starts of it
-    (SIGTERM, resume, SIGKILL, resume) stay within minutes."""
+def storage_run(configs=(("tiny", 120, 40), ("tiny", 40, 5), ("small", 30, 4))) -> dict:
+    """tiny at 40 steps per save (its saves keep up) and at 5 (they do not: about 0.25 s a save
+    against 5 steps of tens of ms); small at 4 steps per save: about 9 s per step on a 2-core CPU,
+    so three starts of it (SIGTERM, resume, SIGKILL, resume) stay within minutes."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "emulator.log"
         with emulator(log) as env:
