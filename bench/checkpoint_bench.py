@@ -76,16 +76,20 @@ def loop_seconds(t) -> float:
 
 
 def run(config: str = "small", steps: int = 30, every: int | None = None, repeats: int = 3):
-    """Each variant `repeats` times, interleaved (none, async, sync, none, ...): the machine's
-    speed drifts by a few percent over minutes, as much as the overhead being measured, and
-    interleaving spreads that drift over every variant instead of charging it to one."""
+    """Each variant `repeats` times, interleaved and rotated (none, async, sync; async, sync,
+    none; ...): the machine's speed drifts by a few percent over minutes, as much as the overhead
+    being measured, and interleaving spreads that drift over every variant instead of charging it
+    to one; rotating keeps a variant from always running first (or last) in its round."""
     every = every or policy_every(config)
     loops: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    order: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
+        names = list(VARIANTS)
         for r in range(repeats):
-            for name, sets in VARIANTS.items():
-                sets = [*sets, f"checkpoint_every={every}"] if name != "none" else sets
+            for name in names[r % 3 :] + names[: r % 3]:  # each variant in each place once
+                order.append(name)
+                sets = VARIANTS[name] + ([f"checkpoint_every={every}"] if name != "none" else [])
                 t = train(config, steps, str(Path(tmp) / f"{name}{r}"), [*sets, "keep_latest=10"])
                 loops[name].append(loop_seconds(t))
                 cpu[name].append(t.user_s + t.sys_s)
@@ -96,8 +100,9 @@ def run(config: str = "small", steps: int = 30, every: int | None = None, repeat
         "steps": steps,
         "checkpoint_every": every,
         "repeats": repeats,
-        "loop_s": loops,  # per variant, in run order
-        "cpu_s": cpu,  # the trainer process's user + system seconds, in run order
+        "run_order": order,
+        "loop_s": loops,  # per variant, by round
+        "cpu_s": cpu,  # the trainer process's user + system seconds, by round
         "loop_median_s": median,
         # Each round's ratio (runs minutes apart) and the ratio of medians, which is judged.
         "async_over_none_each": [a / n for a, n in zip(loops["async"], loops["none"], strict=True)],
@@ -132,8 +137,8 @@ def figures(r: dict) -> list:
             n=len(each),
             spread=", ".join(f"{x:.3f}" for x in each),
             note=f"one process; median loop wall time (less the peak probe) over none's, the "
-            f"variants interleaved {r['repeats']} times (spread: each round's ratio); median "
-            f"loop s: {runs}; median trainer CPU s: {cpu}",
+            f"variants interleaved {r['repeats']} times in rotated order (spread: each round's "
+            f"ratio); median loop s: {runs}; median trainer CPU s: {cpu}",
         )
 
     return [
