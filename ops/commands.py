@@ -29,6 +29,10 @@ WATCH_DEFAULTS = {
                 grace=60.0, capacity=60.0),
 }  # fmt: skip
 LOG_FILES = {"trainer": "trainer.log", "bootstrap": "bootstrap.log"}
+# `tpupod demo`: tiny steps about ten times a second on the pod, and each fault waits until the
+# laptop sees the trainers at its step (a second or two after the previous recovery): at 60 steps
+# a run once finished before its second fault could be injected.
+DEMO_STEPS, DEMO_MIN_STEPS = 150, 100
 _STATE_STYLE = {
     SliceState.READY: "green",
     SliceState.CREATING: "yellow",
@@ -327,6 +331,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="local pod: train, hang, preempt, recover; compare with an uninterrupted run"
     )
     demo.add_argument("--preset", default="tiny", help="trainer config preset")
-    demo.add_argument("--steps", type=int, default=60, help="training steps")
+    demo.add_argument(
+        "--steps",
+        type=int,
+        default=DEMO_STEPS,
+        help=f"training steps (at least {DEMO_MIN_STEPS}) [{DEMO_STEPS}]",
+    )
     demo.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
     demo.set_defaults(func=cmd_demo)

@@ -32,6 +32,7 @@ from rich.table import Table
 
 from localpod import watcher_vm
 from ops.cli import CliError
+from ops.commands import DEMO_MIN_STEPS
 from ops.demo_observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
 from ops.provider import ProviderError
 from ops.remote_state import RemoteState
@@ -67,7 +68,7 @@ def demo_faults(steps: int) -> list[Fault]:
     it must describe and connect anew, and a short run could finish in the meantime."""
     return [
         Fault("hang", int(steps * 0.3), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
-        Fault("preemption", int(steps * 0.5), lambda pod: pod.preempt(NOTICE_S, wait=False),
+        Fault("preemption", int(steps * 0.45), lambda pod: pod.preempt(NOTICE_S, wait=False),
               f"preemption with {NOTICE_S:g}s notice, then a stockout on the first recreate",
               then=lambda pod: pod.inject_stockout(1)),
     ]  # fmt: skip
@@ -202,8 +203,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
     console = Console()
     steps, preset = args.steps, args.preset
-    if steps < 20:
-        raise CliError("--steps must be at least 20 (room for a hang and a preemption)")
+    if steps < DEMO_MIN_STEPS:
+        raise CliError(
+            f"--steps must be at least {DEMO_MIN_STEPS} (room for a hang and a preemption)"
+        )
     pod_dir = args.pod_dir or ROOT / ".tpupod" / "demo"
     # A save every 10 steps: enough to show a hang's lost steps, few enough for a 2-core machine.
     job = f"--config {preset} --steps {steps} --set checkpoint_every=10"

@@ -1,4 +1,4 @@
-"""`tpupod demo` with few steps: a hang, then a preemption with notice (its first recreate meets a
+"""`tpupod demo` as the README runs it: a hang, then a preemption with notice (its first recreate meets a
 stockout) on a real local pod, recovered by the pod's watcher VM (its own `tpupod watch` through the
 pod's TPU API) while the demo process only observes; final weights bitwise equal to an
 uninterrupted run (the demo exits 0 only then)."""
@@ -33,7 +33,7 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
                             counted(calls, name, getattr(tpu_v2.TpuClient, name)))  # fmt: skip
     monkeypatch.setattr(watch.Watcher, "run", counted(calls, "watch", watch.Watcher.run))
     pod_dir = tmp_path / "demo"
-    code = main(["demo", "--steps", "60", "--pod-dir", str(pod_dir)])
+    code = main(["demo", "--pod-dir", str(pod_dir)])  # the default steps, as the README runs it
     out = capsys.readouterr().out
     events = read(pod_dir / "journal.jsonl")
     messages = [f"{e['event']}: {e['message']}" for e in events]
