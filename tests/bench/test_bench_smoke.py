@@ -198,3 +198,37 @@ def test_smoke_entry_point(tmp_path: Path):
     text = md.read_text()
     assert "smoke: goodput" in text and "smoke: cost v4-32" in text
     assert (tmp_path / "timeline.png").exists()
+
+
+def _storage_case(every: int, save_s: float, step_s: float, lost: int) -> dict:
+    return {"config": "tiny", "checkpoint_every": every, "save_on_notice_s": save_s,
+            "restore_s": 0.2, "restore_requests": 90, "killed_at": 20, "resumed_from": 20 - lost,
+            "steps_lost": lost, "step_s": step_s, "interval_s": step_s * every}  # fmt: skip
+
+
+def test_steps_lost_is_judged_only_where_a_save_outpaces_the_interval():
+    from bench.checkpoint_storage import steps_lost_figure
+
+    kept_up = steps_lost_figure(_storage_case(40, 0.25, 0.01, 41), "here")
+    assert (kept_up.goal, kept_up.met) == ("<= 40 (one interval)", False)
+    assert steps_lost_figure(_storage_case(40, 0.25, 0.01, 22), "here").met is True
+    behind = steps_lost_figure(_storage_case(5, 0.25, 0.02, 7), "here")
+    assert (behind.goal, behind.met) == (
+        "",
+        None,
+    ) and "saves slower than the interval" in behind.note
+
+
+def test_checkpoint_overhead_is_the_ratio_of_medians_judged_at_the_goal_interval():
+    from bench.checkpoint_bench import figures
+
+    r = {"config": "small", "steps": 50, "checkpoint_every": 25, "repeats": 3,
+         "loop_median_s": {"none": 100.0, "async": 101.0, "sync": 103.0},
+         "cpu_s": {"none": [1, 2, 3], "async": [1, 2, 3], "sync": [1, 2, 3]},
+         "async_over_none_each": [1.0, 1.01, 1.05], "sync_over_none_each": [1.03, 1.02, 1.04],
+         "async_over_none": 1.01, "sync_over_none": 1.03, "goal_async_over_none": 1.02,
+         "sigterm_to_exit_s": 8.0, "sigterm_exit_code": 75, "sigterm_step": 3}  # fmt: skip
+    async_row, sync_row, _ = figures(r)
+    assert (async_row.value, async_row.met, async_row.n) == (1.01, True, 3)
+    assert async_row.spread == "1.000, 1.010, 1.050" and sync_row.met is None
+    assert figures({**r, "async_over_none": 1.03})[0].met is False
