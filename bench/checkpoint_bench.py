@@ -87,7 +87,7 @@ def run(config: str = "small", steps: int = 30, every: int | None = None, repeat
     with tempfile.TemporaryDirectory() as tmp:
         names = list(VARIANTS)
         for r in range(repeats):
-            for name in names[r % 3 :] + names[: r % 3]:  # each variant in each place once
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # each place once
                 order.append(name)
                 sets = VARIANTS[name] + ([f"checkpoint_every={every}"] if name != "none" else [])
                 t = train(config, steps, str(Path(tmp) / f"{name}{r}"), [*sets, "keep_latest=10"])
