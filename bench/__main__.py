@@ -9,6 +9,7 @@ timeline to docs/goodput-timeline.png. A benchmark that cannot run leaves a "not
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shlex
@@ -39,7 +40,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="markdown file [BENCHMARKS.md; smoke: bench/out/smoke]")
     p.add_argument("--period", type=float, default=300.0, help="goodput: seconds between faults")
     p.add_argument("--steps", type=int, default=6000, help="goodput: steps of the job")
-    p.add_argument("--record", type=Path, help="goodput: analyse this saved run, run nothing")
+    p.add_argument(
+        "--record",
+        type=Path,
+        help="recovery/goodput: analyse this saved run (bench/out/*-run.json), run nothing",
+    )
     p.add_argument(
         "--faults", default="notice,kill,crash,hang", help="goodput: fault kinds, in turn"
     )
@@ -64,6 +69,11 @@ def parser() -> argparse.ArgumentParser:
         default=3,
         help="checkpoint: interleaved runs of each variant (none, async, sync)",
     )
+    p.add_argument(
+        "--checkpoint-pod",
+        action="store_true",
+        help="checkpoint: overhead on the 2-worker local pod (none and async) instead of one process",
+    )
     p.add_argument("--count", type=int, default=100, help="faults: how many faults in all")
     p.add_argument("--seed", type=int, default=0, help="faults: seed of the random mix")
     p.add_argument("--per-leg", type=int, default=25, help="faults: faults per pod run (leg)")
@@ -72,6 +82,15 @@ def parser() -> argparse.ArgumentParser:
 
 def load() -> str:
     return f"load {os.getloadavg()[0]:.1f}"
+
+
+def measured_at(figs: list[Figure], when: float, what: str) -> list[Figure]:
+    """Rows re-analysed from a saved run carry that run's date, not today's load and date."""
+    stamp = dt.datetime.fromtimestamp(when, dt.UTC)
+    for fig in figs:
+        fig.date = stamp.date().isoformat()
+        fig.machine = f"{report.this_machine()}, {what} {stamp:%Y-%m-%d %H:%M} UTC"
+    return figs
 
 
 def trainer_figs(a, console) -> list[Figure]:
@@ -102,7 +121,8 @@ def gpu_figs(a, console) -> list[Figure]:
 def checkpoint_figs(a, console) -> list[Figure]:
     from bench import checkpoint_bench
 
-    r = checkpoint_bench.run(a.trainer_config, a.checkpoint_steps, repeats=a.checkpoint_repeats)
+    r = checkpoint_bench.run(a.trainer_config, a.checkpoint_steps, repeats=a.checkpoint_repeats,
+                             pod=a.checkpoint_pod, console=console)  # fmt: skip
     save("checkpoint", r)
     return checkpoint_bench.figures(r) + checkpoint_storage_figs()
 
@@ -136,6 +156,13 @@ def infra_figs(a, console) -> list[Figure]:
 def recovery_figs(a, console) -> list[Figure]:
     from bench import recovery_bench
 
+    if a.record:  # re-analyse a saved run
+        from bench.podrun import RunRecord
+
+        record = RunRecord.load(a.record)
+        r = recovery_bench.report_run(record)
+        save("recovery", r)
+        return measured_at(recovery_bench.figures(r), record.finished, "run ended")
     r = recovery_bench.run(
         OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS), console=console
     )
@@ -150,9 +177,10 @@ def goodput_figs(a, console) -> list[Figure]:
     if a.record:  # re-analyse a saved run (its period: --period)
         from bench.podrun import RunRecord  # the pod's imports, only where a pod is analysed
 
-        r = goodput_bench.report_run(RunRecord.load(a.record), PNG, a.period)
+        record = RunRecord.load(a.record)
+        r = goodput_bench.report_run(record, PNG, a.period)
         save("goodput", r)
-        return goodput_bench.figures(r)
+        return measured_at(goodput_bench.figures(r), record.finished, "run ended")
     r = goodput_bench.run(
         OUT,
         PNG,
@@ -192,7 +220,10 @@ def faults_figs(a, console) -> list[Figure]:
     r = campaign.run(OUT, a.count, a.seed, per_leg, a.preset, tuple(a.sets or GOODPUT_SETS),
                      a.notice, console)  # fmt: skip
     save("faults", r)
-    return campaign.figures(r)
+    figs = campaign.figures(r)
+    if not r["legs_run_now"]:  # every leg was run before: the rows are of those runs
+        return measured_at(figs, r["last_leg_saved"], "last leg ended")
+    return figs
 
 
 RUNNERS = {

@@ -75,40 +75,60 @@ def loop_seconds(t) -> float:
     return t.summary["train_loop_s"] - t.events.get("peak_measured", {}).get("seconds", 0.0)
 
 
-def run(config: str = "small", steps: int = 30, every: int | None = None, repeats: int = 3):
+def rotated(names: list[str], repeats: int) -> list[tuple[int, str]]:
+    """(round, variant) in run order: every variant once a round, each round starting one later."""
+    k = len(names)
+    return [(r, n) for r in range(repeats) for n in names[r % k :] + names[: r % k]]
+
+
+def variant_sets(name: str, every: int) -> list[str]:
+    return VARIANTS[name] + ([f"checkpoint_every={every}"] if name != "none" else [])
+
+
+def run(config: str = "small", steps: int = 30, every: int | None = None, repeats: int = 3,
+        pod: bool = False, console=None):  # fmt: skip
     """Each variant `repeats` times, interleaved and rotated (none, async, sync; async, sync,
     none; ...): the machine's speed drifts by a few percent over minutes, as much as the overhead
     being measured, and interleaving spreads that drift over every variant instead of charging it
-    to one; rotating keeps a variant from always running first (or last) in its round."""
+    to one; rotating keeps a variant from always running first (or last) in its round. With
+    `pod`, on the 2-worker local pod (bench.checkpoint_pod: none and async only, checkpoints
+    to its GCS emulator); else one process writing to local disk."""
     every = every or policy_every(config)
-    loops: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    order: list[str] = []
+    names = ["none", "async"] if pod else list(VARIANTS)
+    order = rotated(names, repeats)
     with tempfile.TemporaryDirectory() as tmp:
-        names = list(VARIANTS)
-        for r in range(repeats):
-            for name in names[r % len(names) :] + names[: r % len(names)]:  # each place once
-                order.append(name)
-                sets = VARIANTS[name] + ([f"checkpoint_every={every}"] if name != "none" else [])
-                t = train(config, steps, str(Path(tmp) / f"{name}{r}"), [*sets, "keep_latest=10"])
-                loops[name].append(loop_seconds(t))
-                cpu[name].append(t.user_s + t.sys_s)
+        if pod:
+            from bench.checkpoint_pod import trials_on_pod
+
+            done = trials_on_pod(config, steps, every, order, Path(tmp), console)
+        else:
+            done = []
+            for r, name in order:
+                sets = [*variant_sets(name, every), "keep_latest=10"]
+                t = train(config, steps, str(Path(tmp) / f"{name}{r}"), sets)
+                done.append({"loop_s": loop_seconds(t), "cpu_s": t.user_s + t.sys_s})
         term = sigterm_exit_seconds(config, steps, str(Path(tmp) / "term"))
+    loops = {
+        n: [d["loop_s"] for (_, v), d in zip(order, done, strict=True) if v == n] for n in names
+    }
+    cpu = {n: [d["cpu_s"] for (_, v), d in zip(order, done, strict=True) if v == n] for n in names}
     median = {name: statistics.median(v) for name, v in loops.items()}
+    ratios = {
+        f"{n}_over_none_each": [a / b for a, b in zip(loops[n], loops["none"], strict=True)]
+        for n in names[1:]
+    }  # each round's ratio (runs minutes apart); the ratio of medians is judged
     return {
         "config": config,
         "steps": steps,
         "checkpoint_every": every,
         "repeats": repeats,
-        "run_order": order,
+        "where": "pod, 2 workers, GCS emulator" if pod else "one process, local disk",
+        "run_order": [n for _, n in order],
         "loop_s": loops,  # per variant, by round
-        "cpu_s": cpu,  # the trainer process's user + system seconds, by round
+        "cpu_s": cpu,  # user + system seconds of the trainer (pod: of all workers' trainers)
         "loop_median_s": median,
-        # Each round's ratio (runs minutes apart) and the ratio of medians, which is judged.
-        "async_over_none_each": [a / n for a, n in zip(loops["async"], loops["none"], strict=True)],
-        "sync_over_none_each": [a / n for a, n in zip(loops["sync"], loops["none"], strict=True)],
-        "async_over_none": median["async"] / median["none"],
-        "sync_over_none": median["sync"] / median["none"],
+        **ratios,
+        **{f"{n}_over_none": median[n] / median["none"] for n in names[1:]},
         "goal_async_over_none": OVERHEAD_GOAL.get(config)
         if every == policy_every(config)
         else None,
@@ -124,7 +144,9 @@ def figures(r: dict) -> list:
 
     what = f"{r['config']}, {r['steps']} steps, every {r['checkpoint_every']}"
     runs = ", ".join(f"{k} {v:.1f}" for k, v in r["loop_median_s"].items())
-    cpu = ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in r["cpu_s"].items())
+    cpu = ", ".join(
+        f"{k} {statistics.median(v):.0f}" for k, v in r["cpu_s"].items() if None not in v
+    )
 
     def overhead(name: str, goal=None) -> Figure:
         each = r[f"{name}_over_none_each"]
@@ -136,14 +158,14 @@ def figures(r: dict) -> list:
             r[f"{name}_over_none"] <= goal if goal else None,
             n=len(each),
             spread=", ".join(f"{x:.3f}" for x in each),
-            note=f"one process; median loop wall time (less the peak probe) over none's, the "
+            note=f"{r.get('where', 'one process')}; median loop wall time (less the peak probe) over none's, the "
             f"variants interleaved {r['repeats']} times in rotated order (spread: each round's "
-            f"ratio); median loop s: {runs}; median trainer CPU s: {cpu}",
+            f"ratio); median loop s: {runs}" + (f"; median trainer CPU s: {cpu}" if cpu else ""),
         )
 
     return [
         overhead("async", r["goal_async_over_none"]),
-        overhead("sync"),
+        *([overhead("sync")] if "sync_over_none" in r else []),
         Figure(
             f"SIGTERM -> committed exit ({r['config']})",
             r["sigterm_to_exit_s"],

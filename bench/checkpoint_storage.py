@@ -158,21 +158,22 @@ def storage_figures(r: dict) -> list:
 
 
 def steps_lost_figure(c: dict, where: str):
-    """Judged against one interval only where a save is faster than an interval of steps: issue
+    """Judged (bench.steps_lost) only where a save is faster than an interval of steps: issue
     15's goal holds "once saves are faster than the interval". Where it is not (a save of tiny
-    outlasts 5 of its steps), a kill lands in a save still in flight and loses that interval too;
-    the row shows it, unjudged (the trainer says so and names the fix once a save comes due while
+    outlasts 5 of its steps), saves queue up behind each other and a kill can lose more; the row
+    shows it, unjudged (the trainer says so and names the fix once a save comes due while
     another writes)."""
     from bench.report import Figure
+    from bench.steps_lost import Loss, goal_text
 
     every, save_s, interval_s = c["checkpoint_every"], c["save_on_notice_s"], c["interval_s"]
     note = (f"{where}: SIGKILL at step {c['killed_at']} (mid-interval), resumed from "
             f"{c['resumed_from']}; a save {save_s} s, an interval "
             f"{interval_s:.2f} s ({every} steps of {c['step_s'] * 1e3:.0f} ms)")  # fmt: skip
     name = f"steps lost on a kill, {c['config']} (every {every})"
-    if save_s is not None and save_s < interval_s:
-        return Figure(name, c["steps_lost"], "steps", f"<= {every} (one interval)",
-                      _met(c["steps_lost"], every), note=note)  # fmt: skip
+    if save_s is not None and save_s < interval_s and c["resumed_from"] is not None:
+        met = Loss(c["killed_at"], c["resumed_from"]).within(every)
+        return Figure(name, c["steps_lost"], "steps", goal_text(every), met, note=note)
     return Figure(name, c["steps_lost"], "steps", note=f"{note}: saves slower than the "
                   "interval, so no goal applies (raise checkpoint_every)")  # fmt: skip
 

@@ -222,16 +222,18 @@ def observed(provider, workers) -> Iterator[dict[str, int]]:
 
 
 def run_reference(
-    pod, timeout: float, console: Console, name: str = "reference"
+    pod, timeout: float, console: Console, name: str = "reference", extra: str | None = None
 ) -> tuple[dict | None, float]:
     """One uninterrupted reference run on every worker (as root, like the trainer), observed
     as the watch observes the faulted run: its summary.json (final step, fingerprint) and its
-    wall time. A fresh pod, so a fresh workdir."""
+    wall time. Its own workdir, runs/<name>; `extra` (default: REFERENCES[name]) follows the
+    job's arguments, so its --steps and --set win."""
     from ops.demo import pod_provider, read_object
     from ops.workers import WorkerGroup, as_root
 
     bucket = json.loads((pod.paths.root / "endpoints.json").read_text())["bucket"]
-    script = REFERENCE_SCRIPT.format(bucket=bucket, name=name, extra=REFERENCES[name])
+    extra = REFERENCES[name] if extra is None else extra
+    script = REFERENCE_SCRIPT.format(bucket=bucket, name=name, extra=extra)
     provider = pod_provider(pod.paths.root)
     workers = provider.describe().workers
     started = time.time()

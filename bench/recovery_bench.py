@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench.podrun import RunRecord, run_on_pod
 from bench.report import Figure, median, spread
+from bench.steps_lost import Loss, goal_text, judge
 from bench.trainer_log import trainer_events, trainer_milestones
 
 STEPPING = {"training", "saving", "preempted", "done"}
@@ -125,12 +126,15 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
         m["training"] = training["heartbeat"]
     # the last step the old trainer reached (it may step on after SIGTERM until it saves)
     last_step = max((s["step"] for s in old), default=fault.get("step"))
+    committed = [s["last_checkpoint"] for s in status
+                 if s["t"] < t0 and s.get("last_checkpoint") is not None]  # fmt: skip
     resumed = ev.get("resumed", {})
     return {
         "kind": fault["kind"],
         "notice": fault.get("notice"),
         "step_at_fault": last_step,
         "restored_from": restored_from,
+        "committed_before": max(committed, default=None),  # the newest any trainer reported
         "steps_lost": None if restored_from is None else max(0, last_step - restored_from),
         "watch_steps_lost": resumed.get("steps_lost"),
         "detected_to_resumed_s": resumed.get("recovery_s"),
@@ -172,8 +176,13 @@ def run(
     record = run_on_pod(out_dir / "pod-recovery", args, schedule, notice=notice, console=console,
                         hang=HANG_S)  # fmt: skip
     record.save(out_dir / "recovery-run.json")
+    return report_run(record)
+
+
+def report_run(record: RunRecord) -> dict:
+    """A run's result, from the run or from its saved record (`--record`)."""
     return {
-        "trainer_args": args,
+        "trainer_args": record.trainer_args,
         "outcome": record.exit,
         "incidents": incidents(record),
     }
@@ -209,6 +218,15 @@ def checkpoint_interval(trainer_args: str) -> int | None:
         return load_config(preset.group(1)).checkpoint_every
     except Exception:  # noqa: BLE001 - an unknown preset: the goal stays unjudged
         return None
+
+
+def losses(incs: list[dict]) -> list[Loss]:
+    """The incidents with a restored step, for bench.steps_lost's judgement."""
+    return [
+        Loss(i["step_at_fault"], i["restored_from"], i.get("committed_before"))
+        for i in incs
+        if i["restored_from"] is not None and i["step_at_fault"] is not None
+    ]
 
 
 def figures(result: dict, where: str = "recovery run") -> list[Figure]:
@@ -263,15 +281,13 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
             Figure(f"recovery phases, {what} {tag}", text, n=n, note="medians; " + PHASE_NOTE)
         )
         lost = [i["steps_lost"] for i in incs if i["steps_lost"] is not None]
+        note = "each event, against the restored step; met only if every event is"
         if kind == "notice":
             goal, met = "0", (all(x == 0 for x in lost) if lost else None)
-        elif interval:
-            goal, met = (
-                f"<= 1 checkpoint interval ({interval})",
-                (max(lost) <= interval if lost else None),
-            )
         else:
-            goal, met = "<= 1 checkpoint interval", None
+            goal = goal_text(interval) if interval else "<= 1 checkpoint interval"
+            met, why = judge(losses(incs), interval)
+            note += f"; {why}" if why else ""
         figs.append(
             Figure(
                 f"steps lost, {what} {tag}",
@@ -281,7 +297,7 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
                 met,
                 n=len(lost),
                 spread=spread([float(x) for x in lost], digits=0),
-                note="each event, against the restored step; met only if every event is",
+                note=note,
             )
         )
     figs.append(compile_cache_figure(result["incidents"]))

@@ -31,17 +31,18 @@ def _fault(kind, lost, rec, committed_lost=False):
 def test_report_judges_every_goal():
     leg = {"outcome": "done", "fingerprint_equal": True, "checkpoints": {"unreadable": [],
            "set_aside": [], "steps": [300]}, "faults": [  # fmt: skip
-        _fault("notice", 0, 20.0), _fault("kill", 40, 18.0), _fault("kill", 130, 25.0),
+        _fault("notice", 0, 20.0), _fault("kill", 40, 18.0), _fault("kill", 230, 25.0),
         _fault("hang", 30, None)]}  # fmt: skip
     state = {"count": 4, "seed": 0, "trainer_args": "--config tiny --set checkpoint_every=100",
              "kinds": ["notice", "kill", "kill", "hang"], "legs": [leg]}  # fmt: skip
     r = campaign.summarise(state)
-    assert r["kinds"]["kill"]["steps_lost"] == [40, 130] and r["committed_lost"] == 0
+    assert r["kinds"]["kill"]["steps_lost"] == [40, 230] and r["committed_lost"] == 0
     rows = campaign.figures(r)
     figs = {f.name.split(" (")[0]: f for f in rows}
     assert figs["fault campaign: committed checkpoints lost or corrupt"].met is True
-    assert figs["fault campaign, no-notice kill: steps lost"].met is False  # 130 > 100
-    assert figs["fault campaign, no-notice kill: steps lost"].spread == "40, 130"
+    # two saves outstanding (200 and 300): beyond the bound
+    assert figs["fault campaign, no-notice kill: steps lost"].met is False
+    assert figs["fault campaign, no-notice kill: steps lost"].spread == "40, 230"
     hang = next(f for f in rows if f.name.startswith("fault campaign, hang"))
     assert hang.value == "0 / 1" and hang.met is False
     assert all(f.met is not None for f in rows if f.goal)
@@ -63,4 +64,5 @@ def test_three_faults_on_the_pod_lose_no_committed_checkpoint(tmp_path: Path):
     killed = [i for i, e in enumerate(events) if e["event"] == "watch_killed"]
     assert len(killed) == 1 and events[killed[0] + 2]["event"] == "continuing", events[killed[0] :]
     again = campaign.run(tmp_path, count=3, seed=151, per_leg=3, sets=("checkpoint_every=10",))
-    assert again == r  # resumed: the finished leg is not run again
+    assert again.pop("legs_run_now") == 0 and r.pop("legs_run_now") == 1  # resumed: not run again
+    assert again == r

@@ -1,0 +1,55 @@
+"""Checkpoint overhead on the local pod: the job's own trainer on both workers (2 processes, gloo),
+saving to the pod's GCS emulator, as uninterrupted runs observed like the watch observes a job
+(bench.podrun.run_reference). A 1-step job goes first under the real watch: it brings the slice
+to READY, bootstraps the workers and fills their compile caches, so every timed run starts alike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.podrun import run_on_pod, run_reference
+
+TRIAL_TIMEOUT_S = 3600.0
+
+
+def peak_probe_seconds(log: Path) -> float:
+    """The trainer's one-off matmul peak probe inside its loop (worker 0's log; 0 if none)."""
+    if not log.exists():
+        return 0.0
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith('{"event": "peak_measured"'):
+            return float(json.loads(line).get("seconds", 0.0))
+    return 0.0
+
+
+def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console=None) -> list:
+    """Runs `order` ((round, variant) pairs) on one pod; per run its loop seconds (less the peak
+    probe) and, unmeasured here, CPU seconds (None). A run that fails ends the benchmark."""
+    from rich.console import Console
+
+    from bench.checkpoint_bench import variant_sets
+
+    console = console or Console()
+
+    def trials(pod) -> dict:
+        done = []
+        for r, name in order:
+            sets = " ".join(f"--set {s}" for s in variant_sets(name, every))
+            run = f"overhead-{name}-{r + 1}"
+            summary, wall = run_reference(pod, TRIAL_TIMEOUT_S, console, run,
+                                          f"--steps {steps} {sets}")  # fmt: skip
+            if summary is None or summary.get("final_step") != steps:
+                raise RuntimeError(f"{run} did not finish (see {pod.paths.tpupod_root(0)})")
+            probe = peak_probe_seconds(pod.paths.tpupod_root(0) / f"{run}.log")
+            done.append({"loop_s": summary["train_loop_s"] - probe, "cpu_s": None,
+                         "wall_s": wall})  # fmt: skip
+            console.print(f"{run}: loop {done[-1]['loop_s']:.1f} s")
+        return {"trials": done}
+
+    record = run_on_pod(out / "pod-overhead", f"--config {config} --steps 1", {"kinds": []},
+                        references=(), after=trials, console=console)  # fmt: skip
+    if record.exit != "done" or "trials" not in record.checks:
+        raise RuntimeError(f"the pod's warm-up job ended {record.exit!r}")
+    return record.checks["trials"]
