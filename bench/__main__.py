@@ -133,7 +133,12 @@ def checkpoint_storage_figs() -> list[Figure]:
 
     r = checkpoint_storage.storage_run()
     save("checkpoint_storage", r)
-    return checkpoint_storage.storage_figures(r)
+    figs = checkpoint_storage.storage_figures(r)
+    from bench import checkpoint_stall
+
+    stall = checkpoint_stall.stall_run()
+    save("checkpoint_stall", stall)
+    return [*figs, checkpoint_stall.stall_figure(stall)]
 
 
 def infra_figs(a, console) -> list[Figure]:

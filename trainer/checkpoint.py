@@ -81,6 +81,7 @@ class Checkpoints:
         self.behind: dict | None = None  # set once: the first save that found one in flight
         self.deferred = 0  # periodic saves that came due while the previous one still wrote
         self._deferred_from: int | None = None  # the first step of a save deferred, not yet taken
+        self.waited_behind_s = 0.0  # the longest periodic save() that found the previous writing
 
     def step_dir(self, step: int) -> str:
         return storage.join(self.directory, str(step))
@@ -162,10 +163,12 @@ class Checkpoints:
             busy = bool(np.any(multihost_utils.process_allgather(np.int32(busy))))
         return busy
 
-    def save(self, step: int, state, data_iter) -> None:
+    def save(self, step: int, state, data_iter, periodic: bool = False) -> None:
         """Starts a save (async: returns once the arrays are copied off the devices). Orbax first
         waits for the previous save to finish, so that one counts as committed from here on (else
-        saves closer together than the polls would never show in `committed`)."""
+        saves closer together than the polls would never show in `committed`). A `periodic` save
+        (the loop's, not a preemption or final one) that found the previous still writing stalled
+        training: the longest such save() is `waited_behind_s`."""
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(data_iter),
@@ -175,6 +178,8 @@ class Checkpoints:
         t0 = time.perf_counter()
         self.manager.save(step, args=args, force=True)
         waited = time.perf_counter() - t0
+        if behind and periodic:
+            self.waited_behind_s = max(self.waited_behind_s, waited)
         if behind and not self._said_behind:
             self._said_behind = True
             self.behind = {"step": step, "in_flight": self._pending, "waited_s": round(waited, 3)}

@@ -157,7 +157,7 @@ def run(
             if preempted or checkpoints.should_save(step):
                 hb.update(state=TrainerState.SAVING, step=step)
                 t_save = time.perf_counter()
-                checkpoints.save(step, state, data_iter)
+                checkpoints.save(step, state, data_iter, periodic=not preempted)
                 if preempted:  # stays SAVING until the commit: ops sees why it is not stepping
                     log.event("preemption_save_started", step=step)
                     break
@@ -210,6 +210,8 @@ def run(
         "processes": jax.process_count(),
         "devices": jax.device_count(),
         "saves_deferred": checkpoints.deferred,  # periodic saves coalesced into a later one
+        # the longest loop save that began while the previous one still wrote (its start included)
+        "save_waited_behind_s": round(checkpoints.waited_behind_s, 3),
     }
     if pid == 0:
         storage.write_bytes(storage.join(workdir, "summary.json"), json.dumps(summary).encode())

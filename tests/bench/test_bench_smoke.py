@@ -249,3 +249,13 @@ def test_checkpoint_overhead_is_the_ratio_of_medians_judged_at_the_goal_interval
     assert (async_row.value, async_row.met, async_row.n) == (1.01, True, 3)
     assert async_row.spread == "1.000, 1.010, 1.050" and sync_row.met is None
     assert figures({**r, "async_over_none": 1.03})[0].met is False
+
+
+def test_a_save_stall_is_judged_against_one_median_step():
+    from bench.checkpoint_stall import stall_figure
+
+    r = {"steps": 60, "exit_code": 0, "saves_deferred": 57, "waited_behind_s": 0.0,
+         "step_s": 0.012, "longest_step_s": 0.07}  # fmt: skip
+    assert stall_figure(r).met is True and "57 of 60 saves deferred" in stall_figure(r).note
+    assert stall_figure({**r, "waited_behind_s": 0.3}).met is False  # it waited on the writer
+    assert stall_figure({**r, "exit_code": 1}).value.startswith("not measured")
