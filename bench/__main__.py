@@ -72,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--checkpoint-pod",
         action="store_true",
-        help="checkpoint: overhead on the 2-worker local pod (none and async) instead of one process",
+        help="checkpoint: overhead on the 2-worker local pod (none, async), not in one process",
     )
     p.add_argument("--count", type=int, default=100, help="faults: how many faults in all")
     p.add_argument("--seed", type=int, default=0, help="faults: seed of the random mix")

@@ -125,7 +125,7 @@ def run(config: str = "small", steps: int = 30, every: int | None = None, repeat
         "where": "pod, 2 workers, GCS emulator" if pod else "one process, local disk",
         "run_order": [n for _, n in order],
         "loop_s": loops,  # per variant, by round
-        "cpu_s": cpu,  # user + system seconds of the trainer (pod: of all workers' trainers)
+        "cpu_s": cpu,  # the trainer process's user + system seconds (None on the pod: not read)
         "loop_median_s": median,
         **ratios,
         **{f"{n}_over_none": median[n] / median["none"] for n in names[1:]},
@@ -158,9 +158,10 @@ def figures(r: dict) -> list:
             r[f"{name}_over_none"] <= goal if goal else None,
             n=len(each),
             spread=", ".join(f"{x:.3f}" for x in each),
-            note=f"{r.get('where', 'one process')}; median loop wall time (less the peak probe) over none's, the "
-            f"variants interleaved {r['repeats']} times in rotated order (spread: each round's "
-            f"ratio); median loop s: {runs}" + (f"; median trainer CPU s: {cpu}" if cpu else ""),
+            note=f"{r.get('where', 'one process')}; median loop wall time (less the peak probe) "
+            f"over none's, the variants interleaved {r['repeats']} times in rotated order "
+            f"(spread: each round's ratio); median loop s: {runs}"
+            + (f"; median trainer CPU s: {cpu}" if cpu else ""),
         )
 
     return [
