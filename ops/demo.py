@@ -236,9 +236,9 @@ def run_demo(args: argparse.Namespace) -> int:
         if end["event"] != "done":
             console.print(f"[red]the watcher gave up[/red]: {end.get('message')}")
             return 1
-        if missed := [f.label for f in plan.faults if f.kind not in plan.injected]:
+        if missed := plan.missed():
             console.print(f"[red]the run reached step {end.get('step')} before this fault could "
-                          f"be injected[/red]: {missed[0]}; try again with more --steps")  # fmt: skip
+                          f"be injected[/red]: {missed[0].label}; try again with more --steps")  # fmt: skip
             return 1
         summary = read_object(pod.paths.root, "runs/local/summary.json")
         reference, ref_wall = run_reference(pod, console)

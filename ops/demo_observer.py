@@ -72,10 +72,14 @@ class FaultPlan:
         if probes and len(steps) == len(probes) and (fault := self.due(steps, settled)):
             self.inject(fault, min(steps), view.note)
 
+    def missed(self) -> list[Fault]:
+        """Faults of the plan never injected (the run ended first): the demo fails on them."""
+        return [f for f in self.faults if f.kind not in self.injected]
+
     def due(self, steps: list[int], settled: bool) -> Fault | None:
         if self.progress is not None and steps:
             self.progress.update(self.task, completed=max(steps))
-        pending = [f for f in self.faults if f.kind not in self.injected]
+        pending = self.missed()
         if pending and steps and settled and min(steps) >= pending[0].at_step:
             return pending[0]
         return None
