@@ -300,11 +300,11 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
                 note=note,
             )
         )
-    figs.append(compile_cache_figure(result["incidents"]))
+    figs.append(compile_cache_figure(result["incidents"], f"({where})"))
     return figs
 
 
-def compile_cache_figure(incs: list[dict]) -> Figure:
+def compile_cache_figure(incs: list[dict], tag: str = "") -> Figure:
     """How often a restart on the pod loaded the compiled train step (trainer/compile_cache.py)."""
     hit = [i["phases"].get("compile") for i in incs if i.get("compile_cache_hit")]
     miss = [i["phases"].get("compile") for i in incs if i.get("compile_cache_hit") is False]
@@ -314,6 +314,6 @@ def compile_cache_figure(incs: list[dict]) -> Figure:
         text += f"; compile phase {median(hit):.2f} s on a hit"
     if miss:
         text += f", {median(miss):.2f} s on a miss"
-    return Figure("compile cache on the pod (2 processes, per-process entries)", text,
-                  n=len(hit) + len(miss), spread=spread(hit, "s") if hit else "",
+    name = f"compile cache on the pod (2 processes, per-process entries) {tag}".strip()
+    return Figure(name, text, n=len(hit) + len(miss), spread=spread(hit, "s") if hit else "",
                   note="medians; the first start compiles; spread: hits")  # fmt: skip
