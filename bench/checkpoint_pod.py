@@ -6,7 +6,6 @@ to READY, bootstraps the workers and fills their compile caches, so every timed 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bench.podrun import run_on_pod, run_reference
@@ -15,13 +14,12 @@ TRIAL_TIMEOUT_S = 3600.0
 
 
 def peak_probe_seconds(log: Path) -> float:
-    """The trainer's one-off matmul peak probe inside its loop (worker 0's log; 0 if none)."""
-    if not log.exists():
-        return 0.0
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith('{"event": "peak_measured"'):
-            return float(json.loads(line).get("seconds", 0.0))
-    return 0.0
+    """The trainer's one-off matmul peak probe inside its loop (worker 0's log; 0 if none: the
+    figure is cached after the first run)."""
+    from bench.checkpoint_storage import events_in
+
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return float(events_in(text).get("peak_measured", {}).get("seconds", 0.0))
 
 
 def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console=None) -> list:
@@ -38,13 +36,12 @@ def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console
         for r, name in order:
             sets = " ".join(f"--set {s}" for s in variant_sets(name, every))
             run = f"overhead-{name}-{r + 1}"
-            summary, wall = run_reference(pod, TRIAL_TIMEOUT_S, console, run,
+            summary, _ = run_reference(pod, TRIAL_TIMEOUT_S, console, run,
                                           f"--steps {steps} {sets}")  # fmt: skip
             if summary is None or summary.get("final_step") != steps:
                 raise RuntimeError(f"{run} did not finish (see {pod.paths.tpupod_root(0)})")
             probe = peak_probe_seconds(pod.paths.tpupod_root(0) / f"{run}.log")
-            done.append({"loop_s": summary["train_loop_s"] - probe, "cpu_s": None,
-                         "wall_s": wall})  # fmt: skip
+            done.append({"loop_s": summary["train_loop_s"] - probe, "cpu_s": None})
             console.print(f"{run}: loop {done[-1]['loop_s']:.1f} s")
         return {"trials": done}
 

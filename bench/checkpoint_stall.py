@@ -7,16 +7,16 @@ still found the previous one writing (`save_waited_behind_s` in its `done` line)
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 from bench.checkpoint_storage import (
     BUCKET,
-    _events,
-    _median_step_time,
-    _trainer,
     emulator,
+    events_in,
+    median_step_time,
+    start_trainer,
+    step_times,
 )
 
 # keep_every=0: a step that retention keeps for good waits for the writer by design (a coalesced
@@ -29,16 +29,16 @@ def stall_run(steps: int = 60) -> dict:
         log = Path(tmp) / "emulator.log"
         with emulator(log) as env:
             wd = f"gs://{BUCKET}/runs/stall"
-            proc = _trainer("tiny", steps, wd, SETS, env, str(Path(tmp) / "cc"))
+            proc = start_trainer("tiny", steps, wd, SETS, env, str(Path(tmp) / "cc"))
             out, _ = proc.communicate(timeout=600)
-    done = _events(out).get("done", {})
-    times = [json.loads(x)["step_time"] for x in out.splitlines() if '"step_time"' in x]
+    done = events_in(out).get("done", {})
+    times = step_times(out)
     return {
         "steps": steps,
         "exit_code": proc.returncode,
         "saves_deferred": done.get("saves_deferred"),
         "waited_behind_s": done.get("save_waited_behind_s"),
-        "step_s": _median_step_time(out),
+        "step_s": median_step_time(out),
         "longest_step_s": max(times[1:], default=None),  # the first holds the compile
     }
 

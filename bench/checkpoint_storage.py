@@ -40,7 +40,7 @@ def emulator(log: Path):
                "NO_GCE_CHECK": "true", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}  # fmt: skip
 
 
-def _trainer(config, steps, workdir, sets, env, cc) -> subprocess.Popen:
+def start_trainer(config, steps, workdir, sets, env, cc) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "trainer", "--config", config, "--steps", str(steps),
            "--workdir", workdir, "--compile-cache", cc, "--set", "log_every=1"]  # fmt: skip
     for s in sets:
@@ -52,12 +52,13 @@ def _trainer(config, steps, workdir, sets, env, cc) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _events(out: str) -> dict[str, dict]:
+def events_in(out: str) -> dict[str, dict]:
+    """The last line of each event name in a trainer's stdout."""
     found = {}
     for line in out.splitlines():
         with contextlib.suppress(ValueError):
             r = json.loads(line)
-            if "event" in r:
+            if isinstance(r, dict) and "event" in r:
                 found[r["event"]] = r
     return found
 
@@ -86,22 +87,22 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
     time times the interval."""
     wd = f"gs://{BUCKET}/runs/{config}-every{every}"
     sets = [f"checkpoint_every={every}"]
-    proc = _trainer(config, steps, wd, sets, env, cc)
+    proc = start_trainer(config, steps, wd, sets, env, cc)
     try:
         _until_step(proc, every + 1)
         proc.send_signal(signal.SIGTERM)
-        term = _events(proc.stdout.read())["preempted"]
+        term = events_in(proc.stdout.read())["preempted"]
         proc.wait(timeout=300)
         before = log.stat().st_size
-        proc = _trainer(config, steps, wd, sets, env, cc)
+        proc = start_trainer(config, steps, wd, sets, env, cc)
         first = _until_step(proc, term["step"] + 1)
-        restored, requests = _events(first).get("restored", {}), _requests(log, before)
+        restored, requests = events_in(first).get("restored", {}), _requests(log, before)
         kill_at = term["step"] + every + max(every // 2, 1)  # mid-interval, one save after resume
-        step_s = _median_step_time(first + _until_step(proc, kill_at))
+        step_s = median_step_time(first + _until_step(proc, kill_at))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        proc = _trainer(config, steps, wd, sets, env, cc)
-        resumed = _events(_until_step(proc, kill_at + 1)).get("restored", {})
+        proc = start_trainer(config, steps, wd, sets, env, cc)
+        resumed = events_in(_until_step(proc, kill_at + 1)).get("restored", {})
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -120,12 +121,18 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
     }
 
 
-def _median_step_time(out: str) -> float | None:
+def step_times(out: str) -> list[float]:
+    """Every `step_time` a trainer logged (log_every=1: one a step), the first with the compile."""
     times = []
     for line in out.splitlines():
         with contextlib.suppress(ValueError):
-            if "step_time" in (r := json.loads(line)):
+            if isinstance(r := json.loads(line), dict) and "step_time" in r:
                 times.append(r["step_time"])
+    return times
+
+
+def median_step_time(out: str) -> float | None:
+    times = step_times(out)
     return statistics.median(times[1:] or times) if times else None  # the first holds compile
 
 
