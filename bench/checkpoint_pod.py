@@ -13,18 +13,20 @@ from bench.podrun import run_on_pod, run_reference
 TRIAL_TIMEOUT_S = 3600.0
 
 
-def peak_probe_seconds(log: Path) -> float:
-    """The trainer's one-off matmul peak probe inside its loop (worker 0's log; 0 if none: the
-    figure is cached after the first run)."""
-    from bench.checkpoint_storage import events_in
+def loop_figures(log: Path) -> tuple[float, float | None]:
+    """From worker 0's log: the one-off matmul peak probe inside the loop (0 if none: the figure
+    is cached after the first run) and the run's median step seconds (None without step lines)."""
+    from bench.checkpoint_storage import events_in, median_step_time
 
     text = log.read_text(errors="replace") if log.exists() else ""
-    return float(events_in(text).get("peak_measured", {}).get("seconds", 0.0))
+    probe = float(events_in(text).get("peak_measured", {}).get("seconds", 0.0))
+    return probe, median_step_time(text)
 
 
 def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console=None) -> list:
     """Runs `order` ((round, variant) pairs) on one pod; per run its loop seconds (less the peak
-    probe) and, unmeasured here, CPU seconds (None). A run that fails ends the benchmark."""
+    probe), its median step seconds (every step logged) and, unmeasured here, CPU seconds (None).
+    A run that fails ends the benchmark."""
     from rich.console import Console
 
     from bench.checkpoint_bench import variant_sets
@@ -34,15 +36,16 @@ def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console
     def trials(pod) -> dict:
         done = []
         for r, name in order:
-            sets = " ".join(f"--set {s}" for s in variant_sets(name, every))
+            sets = " ".join(f"--set {s}" for s in [*variant_sets(name, every), "log_every=1"])
             run = f"overhead-{name}-{r + 1}"
             summary, _ = run_reference(pod, TRIAL_TIMEOUT_S, console, run,
                                           f"--steps {steps} {sets}")  # fmt: skip
             if summary is None or summary.get("final_step") != steps:
                 raise RuntimeError(f"{run} did not finish (see {pod.paths.tpupod_root(0)})")
-            probe = peak_probe_seconds(pod.paths.tpupod_root(0) / f"{run}.log")
-            done.append({"loop_s": summary["train_loop_s"] - probe, "cpu_s": None})
-            console.print(f"{run}: loop {done[-1]['loop_s']:.1f} s")
+            probe, step_s = loop_figures(pod.paths.tpupod_root(0) / f"{run}.log")
+            done.append({"loop_s": summary["train_loop_s"] - probe, "step_s": step_s,
+                         "cpu_s": None})  # fmt: skip
+            console.print(f"{run}: loop {done[-1]['loop_s']:.1f} s, median step {step_s} s")
         return {"trials": done}
 
     record = run_on_pod(out / "pod-overhead", f"--config {config} --steps 1", {"kinds": []},

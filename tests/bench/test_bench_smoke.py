@@ -251,6 +251,28 @@ def test_checkpoint_overhead_is_the_ratio_of_medians_judged_at_the_goal_interval
     assert figures({**r, "async_over_none": 1.03})[0].met is False
 
 
+def test_paced_overhead_divides_out_a_run_that_steps_slower_throughout():
+    from bench.checkpoint_bench import figures, paced_overhead
+
+    # none's second run stepped 10 % slower throughout; async adds 2 steps' worth in both rounds
+    loops = {"none": [100.0, 110.0], "async": [102.0, 102.0]}
+    step_s = {"none": [2.0, 2.2], "async": [2.0, 2.0]}
+    p = paced_overhead(loops, step_s, ["none", "async"])
+    assert [round(x, 6) for x in p["async_over_none_paced_each"]] == [1.02, 1.02]
+    assert round(p["async_over_none_paced"], 6) == 1.02
+    assert round(p["async_step_over_none"], 6) == round(2.0 / 2.1, 6)  # reported beside
+    assert paced_overhead(loops, {**step_s, "async": [2.0, None]}, ["none", "async"]) == {}
+    r = {"config": "small", "steps": 50, "checkpoint_every": 25, "repeats": 2,
+         "loop_median_s": {"none": 105.0, "async": 102.0}, "cpu_s": {"none": [None] * 2},
+         "async_over_none_each": [1.02, 102 / 110], "async_over_none": 102 / 105,
+         "goal_async_over_none": 1.02, **p,
+         "sigterm_to_exit_s": 8.0, "sigterm_exit_code": 75, "sigterm_step": 3}  # fmt: skip
+    row = figures(r)[0]
+    assert row.value == p["async_over_none_paced"] and row.spread == "1.020, 1.020"
+    assert "plain ratio of median loops 0.971" in row.note
+    assert figures({**r, "async_over_none_paced": 1.021})[0].met is False
+
+
 def test_a_save_stall_is_judged_against_one_median_step():
     from bench.checkpoint_stall import stall_figure
 
