@@ -13,14 +13,14 @@ from bench.podrun import run_on_pod, run_reference
 TRIAL_TIMEOUT_S = 3600.0
 
 
-def loop_figures(log: Path) -> tuple[float, float | None]:
+def loop_figures(log: Path) -> tuple[float, list[float]]:
     """From worker 0's log: the one-off matmul peak probe inside the loop (0 if none: the figure
-    is cached after the first run) and the run's median step seconds (None without step lines)."""
-    from bench.checkpoint_storage import events_in, median_step_time
+    is cached after the first run) and every step's seconds (the pod is gone after the bench)."""
+    from bench.checkpoint_storage import events_in, step_times
 
     text = log.read_text(errors="replace") if log.exists() else ""
     probe = float(events_in(text).get("peak_measured", {}).get("seconds", 0.0))
-    return probe, median_step_time(text)
+    return probe, step_times(text)
 
 
 def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console=None) -> list:
@@ -30,6 +30,7 @@ def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console
     from rich.console import Console
 
     from bench.checkpoint_bench import variant_sets
+    from bench.checkpoint_storage import median_step
 
     console = console or Console()
 
@@ -42,9 +43,10 @@ def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console
                                           f"--steps {steps} {sets}")  # fmt: skip
             if summary is None or summary.get("final_step") != steps:
                 raise RuntimeError(f"{run} did not finish (see {pod.paths.tpupod_root(0)})")
-            probe, step_s = loop_figures(pod.paths.tpupod_root(0) / f"{run}.log")
+            probe, times = loop_figures(pod.paths.tpupod_root(0) / f"{run}.log")
+            step_s = median_step(times)
             done.append({"loop_s": summary["train_loop_s"] - probe, "step_s": step_s,
-                         "cpu_s": None})  # fmt: skip
+                         "step_times": times, "cpu_s": None})  # fmt: skip
             console.print(f"{run}: loop {done[-1]['loop_s']:.1f} s, median step {step_s} s")
         return {"trials": done}
 

@@ -25,10 +25,11 @@ from urllib.parse import parse_qs, urlsplit
 from localpod import oslogin, procs, storage
 from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
 from localpod.privilege import login_user
-from localpod.slice import Slice, write_ed25519_key
+from localpod.slice import Slice
 from localpod.state import PodError, PodPaths, read_json, write_json
 from localpod.tpu_api import TpuApiServer
 from localpod.tpu_nodes import TpuService
+from localpod.worker_vm import write_ed25519_key
 
 UPKEEP_INTERVAL_S = 0.25
 NODE_ID = "local"  # the node the pod's own `up` creates

@@ -13,20 +13,17 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
-import asyncssh
-
-from localpod import procs
-from localpod.environment import accelerator_type, worker_attributes, worker_env
+from localpod import procs, worker_vm
+from localpod.environment import accelerator_type, worker_attributes
 from localpod.metadata_server import MetadataStore
-from localpod.state import PodError, PodPaths, SliceState, check_transition, write_json
+from localpod.state import PodError, PodPaths, SliceState, check_transition
+from localpod.worker_vm import Instance
 
 CREATE_TIMEOUT_S = 90.0
 DELETE_GRACE_S = 3.0
@@ -36,24 +33,6 @@ DELETE_GRACE_S = 3.0
 class Agent:
     index: int
     popen: subprocess.Popen
-
-
-@dataclass(frozen=True)
-class Instance:
-    """What GCE tells about one worker VM: its instance name and its SSH host key."""
-
-    hostname: str
-    host_key: str  # base64 ed25519 public key, as guest attributes serve it
-
-
-def write_ed25519_key(path: Path, comment: str) -> str:
-    """A new OpenSSH ed25519 key pair at path (+ .pub); returns the public key's base64."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = asyncssh.generate_private_key("ssh-ed25519", comment=comment)
-    key.write_private_key(path, "openssh")
-    path.chmod(0o600)
-    key.write_public_key(path.with_name(path.name + ".pub"), "openssh")
-    return key.export_public_key("openssh").decode().split()[1]
 
 
 class Slice:
@@ -170,7 +149,7 @@ class Slice:
             instances = [self._spawn_agent(i, hostnames[i]) for i in range(len(addresses))]
             with self._lock:
                 self.instances = instances
-            self._write_known_hosts()
+            worker_vm.write_known_hosts(self.paths, self.layout, instances)
             self._wait_ready()
         except Exception as err:  # noqa: BLE001 - any failure ends creation, reported in describe
             self._stop_agents(grace=0)
@@ -181,66 +160,10 @@ class Slice:
             self._set(SliceState.READY, health="HEALTHY", detail=None)
 
     def _spawn_agent(self, index: int, hostname: str) -> Instance:
-        """A fresh disk (wiped worker dir), host key and authorized_keys, then the agent."""
-        worker_dir = self.paths.worker(index)
-        self._wipe(worker_dir)
-        host_key = write_ed25519_key(self.paths.host_key(index), comment=f"root@{hostname}")
-        home = self.paths.home(index)
-        (home / ".ssh").mkdir(parents=True)
-        authorized = home / ".ssh" / "authorized_keys"
-        shutil.copyfile(self.paths.client_key.with_name("id_ed25519.pub"), authorized)
-        address = self.layout["addresses"][index]
-        config = {
-            "index": index,
-            "address": address,
-            "ssh_port": self.layout["ssh_ports"][index],
-            "home": str(home),
-            "worker_dir": str(worker_dir),
-            "host_key": str(self.paths.host_key(index)),
-            "authorized_keys": str(authorized),
-            "ready_file": str(self.paths.agent_ready(index)),
-            "env": worker_env(
-                home=home,
-                tpupod_root=self.paths.tpupod_root(index),
-                metadata_host=f"{address}:{self.layout['metadata_port']}",
-                emulator_url=self.layout["emulator_url"],
-                devices_per_worker=self.layout["devices_per_worker"],
-            ),
-        }
-        write_json(self.paths.agent_config(index), config)
-        with (worker_dir / "agent.log").open("ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "localpod.worker", str(self.paths.agent_config(index))],
-                cwd=home,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        popen, instance = worker_vm.boot(self.paths, self.layout, index, hostname)
         with self._lock:
             self._agents[index] = Agent(index, popen)
-        return Instance(hostname=hostname, host_key=host_key)
-
-    def _write_known_hosts(self) -> None:
-        """`[IP]:PORT` and the instance name per worker, so plain ssh can check strictly."""
-        lines = []
-        for index, instance in enumerate(self.instances):
-            address, port = self.layout["addresses"][index], self.layout["ssh_ports"][index]
-            for name in (f"[{address}]:{port}", instance.hostname):
-                lines.append(f"{name} ssh-ed25519 {instance.host_key}\n")
-        tmp = self.paths.known_hosts.with_name(".known_hosts.tmp")
-        tmp.write_text("".join(lines))
-        os.replace(tmp, self.paths.known_hosts)
-
-    def _wipe(self, path: Path) -> None:
-        """Move the old disk aside at once and delete it in the background: a worker's .venv
-        has tens of thousands of files and deleting them would hold up the create."""
-        if not path.exists():
-            return
-        trash = self.paths.root / "trash" / f"{path.name}-{time.time_ns()}"
-        trash.parent.mkdir(exist_ok=True)
-        path.rename(trash)
-        threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True).start()
+        return instance
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + CREATE_TIMEOUT_S

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from ops.cli import CliError
 from ops.provider import ProviderError, SliceInfo, SliceState
-from ops.recovery import Limits, Probe
+from ops.recovery import Limits
+from ops.tables import slice_table, worker_table
 from ops.target import LOCAL, load_target, state_dir
 from ops.tpu import TpuProvider
 from ops.watch import WatchConfig
@@ -33,13 +33,6 @@ LOG_FILES = {"trainer": "trainer.log", "bootstrap": "bootstrap.log"}
 # laptop sees the trainers at its step (a second or two after the previous recovery): at 60 steps
 # a run once finished before its second fault could be injected.
 DEMO_STEPS, DEMO_MIN_STEPS = 150, 100
-_STATE_STYLE = {
-    SliceState.READY: "green",
-    SliceState.CREATING: "yellow",
-    SliceState.DELETING: "yellow",
-    SliceState.PREEMPTED: "red",
-    SliceState.TERMINATED: "red",
-}
 
 
 def provider_for(args: argparse.Namespace) -> TpuProvider:
@@ -77,50 +70,6 @@ def ready_workers(provider: TpuProvider) -> SliceInfo:
 
 
 # -- status ---------------------------------------------------------------------------------------
-def worker_table(info: SliceInfo, probes: list[Probe]) -> Table:
-    """Per worker: bootstrap phase, trainer state, step, loss, tokens/s, checkpoint, heartbeat."""
-    table = Table(
-        title=f"workers: slice {info.state}" + (f", {info.health}" if info.health else "")
-    )
-    for column in ("worker", "bootstrap", "trainer", "step", "loss", "tok/s", "ckpt", "beat"):
-        table.add_column(column, justify="left" if column in ("bootstrap", "trainer") else "right")
-    for p in probes:
-        if not p.reachable:
-            table.add_row(str(p.index), "[red]unreachable[/red]", p.error or "", *[""] * 5)
-            continue
-        boot = p.bootstrap or {}
-        s = p.status
-        trainer = "-" if s is None else str(s.state)
-        if p.exit_code is not None and not p.alive:
-            trainer += f" (exit {p.exit_code})"
-        state = boot.get("state", "-")
-        table.add_row(
-            str(p.index),
-            state if state == "ok" else f"{state} ({boot.get('phase', '-')})",
-            trainer,
-            "-" if s is None else str(s.step),
-            "-" if s is None or s.loss is None else f"{s.loss:.4f}",
-            "-" if s is None or s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",
-            "-" if s is None or s.last_checkpoint is None else str(s.last_checkpoint),
-            "-" if p.heartbeat_age is None else f"{p.heartbeat_age:.1f}s ago",
-        )
-    return table
-
-
-def slice_table(info: SliceInfo, title: str = "slice") -> Table:
-    """Slice state and health in the title, one row per worker as ops reaches it."""
-    style = _STATE_STYLE.get(info.state, "white")
-    health = f", {info.health}" if info.health else ""
-    detail = f" ({info.detail})" if info.detail and info.detail != info.state else ""
-    table = Table(title=f"{title}: [{style}]{info.state}[/{style}]{health}{detail}")
-    for column in ("worker", "instance", "internal ip", "ssh to", "user"):
-        table.add_column(column)
-    for w in info.workers:
-        via = f"{w.host}:{w.port}" + (" (IAP)" if w.proxy_command else "")
-        table.add_row(str(w.index), w.instance or "", w.internal_ip or "", via, w.user or "")
-    return table
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     provider = provider_for(args)
     info = describe(provider)

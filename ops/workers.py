@@ -11,7 +11,6 @@ login user is not root, as on a TPU VM. Transient SSH failures (connection error
 from __future__ import annotations
 
 import base64
-import json
 import shlex
 import socket
 import time
@@ -22,9 +21,9 @@ from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
 from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
 
+from ops.probe import last_line, parse_probe, probe_script
 from ops.provider import Worker
 from ops.recovery import Probe
-from trainer.status import TrainerStatus
 
 ROOT = '"${TPUPOD_ROOT:-/var/lib/tpupod}"'
 # trainerctl as root: directly when the login is root, else through passwordless sudo.
@@ -42,19 +41,7 @@ SUDO_REFUSED = (
     "grant roles/compute.osAdminLogin (OS Login) or add {user} to sudoers"
 )
 SSH_EXIT = 255  # ssh / gcloud's own failure: retryable
-# One round trip per worker: every file the recovery table needs, in sections.
-PROBE_SCRIPT = f"""R={ROOT}
-echo @@now; date +%s.%N
-echo @@status; cat "$R/status.json" 2>/dev/null; echo
-echo @@bootstrap; cat "$R/bootstrap.json" 2>/dev/null; echo
-echo @@exit; cat "$R/trainer.exit" 2>/dev/null && date -r "$R/trainer.exit" +%s.%N 2>/dev/null
-echo @@alive; if [ -f "$R/trainer.pid" ]; then p=$(cat "$R/trainer.pid")
-  if [ -n "$p" ] && [ -d "/proc/$p" ]; then echo yes; else echo no; fi; fi
-echo @@preempted; curl -sf -m 1 -H 'Metadata-Flavor: Google' \
- "http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1/instance/preempted" \
- 2>/dev/null; echo
-echo @@end
-"""
+PROBE_SCRIPT = probe_script(ROOT)
 
 
 class WorkerError(Exception):
@@ -170,7 +157,7 @@ class WorkerGroup:
         bad = [o for o in outcomes.values() if not o.ok]
         if bad:
             detail = "; ".join(
-                f"worker {o.index}: {o.error or _last_line(o.stderr) or f'exit {o.exited}'}"
+                f"worker {o.index}: {o.error or last_line(o.stderr) or f'exit {o.exited}'}"
                 for o in bad
             )
             raise WorkerError(f"{what} failed on {len(bad)} worker(s): {detail}")
@@ -205,46 +192,6 @@ class WorkerGroup:
         """A file under $TPUPOD_ROOT on every worker (None where missing)."""
         outcomes = self.run(f'cat {ROOT}/"{path}"')
         return {i: (o.stdout if o.ok else None) for i, o in outcomes.items()}
-
-
-def parse_probe(outcome: Outcome) -> Probe:
-    """Turns PROBE_SCRIPT's sections into a Probe; a failed SSH is an unreachable worker."""
-    if outcome.exited is None or "@@end" not in outcome.stdout:
-        return Probe(
-            outcome.index,
-            reachable=False,
-            error=outcome.error or _last_line(outcome.stderr) or f"exit {outcome.exited}",
-        )
-    sections: dict[str, list[str]] = {}
-    current = None
-    for line in outcome.stdout.splitlines():
-        if line.startswith("@@"):
-            current = line[2:].strip()
-            sections[current] = []
-        elif current is not None and line.strip():
-            sections[current].append(line.strip())
-    text = {k: "\n".join(v) for k, v in sections.items()}
-    status = None
-    if text.get("status"):
-        try:
-            status = TrainerStatus.from_json(text["status"])
-        except (ValueError, TypeError):
-            status = None  # torn or from a newer trainer: judged as "no status yet"
-    bootstrap = _json_or_none(text.get("bootstrap"))
-    exit_lines = sections.get("exit", [])
-    exit_code = _int_or_none(exit_lines[0]) if exit_lines else None
-    exit_mtime = float(exit_lines[1]) if len(exit_lines) > 1 else None
-    alive = {"yes": True, "no": False}.get(text.get("alive", ""))
-    return Probe(
-        outcome.index,
-        bootstrap=bootstrap if isinstance(bootstrap, dict) else None,
-        status=status,
-        exit_code=exit_code,
-        exit_mtime=exit_mtime,
-        alive=alive,
-        preempted_flag=text.get("preempted", "").upper() == "TRUE",
-        now=float(text.get("now") or time.time()),
-    )
 
 
 def trainerctl_command(verb: str, stop_timeout: float | None = None) -> str:
@@ -305,22 +252,3 @@ def _describe(err: BaseException, worker: Worker) -> str:
     if _host_key_refused(err):
         return f"{worker.host}: no host key in the node's guest attributes: refused"
     return f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
-def _json_or_none(text: str | None):
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
-
-
-def _int_or_none(text: str) -> int | None:
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None

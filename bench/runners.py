@@ -1,0 +1,202 @@
+"""One runner per benchmark: it runs (or re-analyses a saved run), keeps the raw result in
+bench/out/<name>.json and returns its BENCHMARKS.md rows. `bench.__main__` chooses and merges."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+
+from bench import report
+from bench.report import Figure
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "out"
+PNG = REPO / "docs" / "goodput-timeline.png"
+# tiny's own cadence (every 5 steps) is a test setting; saves to the GCS emulator take seconds.
+GOODPUT_SETS = ("checkpoint_every=100",)
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def measured_at(figs: list[Figure], when: float, what: str) -> list[Figure]:
+    """Rows re-analysed from a saved run carry that run's date, not today's load and date."""
+    stamp = dt.datetime.fromtimestamp(when, dt.UTC)
+    for fig in figs:
+        fig.date = stamp.date().isoformat()
+        fig.machine = f"{report.this_machine()}, {what} {stamp:%Y-%m-%d %H:%M} UTC"
+    return figs
+
+
+def trainer_figs(a, console) -> list[Figure]:
+    from bench import trainer_bench
+
+    r = trainer_bench.run(a.trainer_config, a.trainer_steps)
+    save("trainer", r)
+    return trainer_bench.figures(r)
+
+
+def gpu_figs(a, console) -> list[Figure]:
+    """`1b` on one GPU: MFU against the datasheet peak (trainer.metrics.PEAK_FLOPS)."""
+    import shutil
+    import subprocess
+
+    from bench import trainer_bench
+
+    if shutil.which("nvidia-smi") is None:
+        return [Figure(trainer_bench.GPU_ROW, "not measured: no GPU on this machine")]
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    gpu = subprocess.run(query, capture_output=True, text=True).stdout.strip().splitlines()[0]
+    os.environ.setdefault("JAX_PLATFORMS", "cuda")
+    r = trainer_bench.run("1b", a.trainer_steps, sets=tuple(a.sets))
+    save("gpu", r)
+    return trainer_bench.gpu_figures(r, gpu)
+
+
+def checkpoint_figs(a, console) -> list[Figure]:
+    from bench import checkpoint_bench
+
+    if a.record:  # re-judge a saved run: its checkpoint.json and the storage and stall results
+        return checkpoint_record_figs(a.record)
+    r = checkpoint_bench.run(a.trainer_config, a.checkpoint_steps, repeats=a.checkpoint_repeats,
+                             pod=a.checkpoint_pod, console=console)  # fmt: skip
+    save("checkpoint", r)
+    return checkpoint_bench.figures(r) + checkpoint_storage_figs()
+
+
+def checkpoint_storage_figs() -> list[Figure]:
+    """Restore / save-on-notice seconds and steps lost on a kill, on the pod's GCS emulator."""
+    from bench import checkpoint_storage
+
+    r = checkpoint_storage.storage_run()
+    save("checkpoint_storage", r)
+    figs = checkpoint_storage.storage_figures(r)
+    from bench import checkpoint_stall
+
+    stall = checkpoint_stall.stall_run()
+    save("checkpoint_stall", stall)
+    return [*figs, checkpoint_stall.stall_figure(stall)]
+
+
+def checkpoint_record_figs(record: Path) -> list[Figure]:
+    """The rows of a saved `bench checkpoint` run (record: its checkpoint.json; the storage and
+    stall results beside it), dated when the last of them was written."""
+    from bench import checkpoint_bench, checkpoint_stall, checkpoint_storage
+
+    parts = [record, *(record.with_name(f"checkpoint_{x}.json") for x in ("storage", "stall"))]
+    if missing := [str(p) for p in parts if not p.exists()]:
+        raise FileNotFoundError(f"no saved checkpoint run at {', '.join(missing)}")
+    r, storage, stall = (json.loads(p.read_text()) for p in parts)
+    figs = [*checkpoint_bench.figures(r), *checkpoint_storage.storage_figures(storage),
+            checkpoint_stall.stall_figure(stall)]  # fmt: skip
+    return measured_at(figs, max(p.stat().st_mtime for p in parts), "run ended")
+
+
+def infra_figs(a, console) -> list[Figure]:
+    from bench import infra_eval
+
+    r = infra_eval.run()
+    save("infra", r)
+    return [
+        Figure(
+            f"Pulumi program evaluation, all {r['stacks']} stacks (mocks)",
+            r["all_stacks_eval_s"],
+            "s",
+            "< 5 s",
+            r["all_stacks_eval_s"] < 5,
+            note=f"pulumi_gcp import {r['pulumi_gcp_import_s']:.1f} s apart",
+        )
+    ]
+
+
+def recovery_figs(a, console) -> list[Figure]:
+    from bench import recovery_bench
+
+    if a.record:  # re-analyse a saved run
+        from bench.podrun import RunRecord
+
+        record = RunRecord.load(a.record)
+        r = recovery_bench.report_run(record)
+        save("recovery", r)
+        return measured_at(recovery_bench.figures(r), record.finished, "run ended")
+    r = recovery_bench.run(
+        OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS), console=console
+    )
+    save("recovery", r)
+    return recovery_bench.figures(r)
+
+
+def goodput_figs(a, console) -> list[Figure]:
+    from bench import goodput_bench
+
+    kinds = tuple(k.strip() for k in a.faults.split(",") if k.strip())
+    if a.record:  # re-analyse a saved run (its period: --period)
+        from bench.podrun import RunRecord  # the pod's imports, only where a pod is analysed
+
+        record = RunRecord.load(a.record)
+        r = goodput_bench.report_run(record, PNG, a.period)
+        save("goodput", r)
+        return measured_at(goodput_bench.figures(r), record.finished, "run ended")
+    r = goodput_bench.run(
+        OUT,
+        PNG,
+        a.period,
+        a.steps,
+        kinds,
+        a.preset,
+        a.notice,
+        tuple(a.sets or GOODPUT_SETS),
+        console,
+    )
+    save("goodput", r)
+    return goodput_bench.figures(r)
+
+
+def cost_figs(a, console) -> list[Figure]:
+    from bench import cost_bench
+
+    stored = OUT / "goodput.json"
+    goodput, label = None, "no measured goodput: run `python -m bench goodput` first"
+    if stored.exists():
+        g = json.loads(stored.read_text())
+        figures = {"headline": g.get("goodput"), "own-rate": g.get("goodput_own_rate")}
+        if g.get("goodput") is not None:  # the lower of the two: the cost is not flattered
+            name, goodput = min(((k, v) for k, v in figures.items() if v is not None),
+                                key=lambda kv: kv[1])  # fmt: skip
+            label = f"{name} figure, local pod, P={g['period_s']:g} s, {g['wall_s'] / 60:.1f} min"
+    r = cost_bench.run(goodput, label)
+    save("cost", r)
+    return cost_bench.figures(r)
+
+
+def faults_figs(a, console) -> list[Figure]:
+    from bench import campaign
+
+    per_leg = min(a.per_leg, a.count)
+    r = campaign.run(OUT, a.count, a.seed, per_leg, a.preset, tuple(a.sets or GOODPUT_SETS),
+                     a.notice, console)  # fmt: skip
+    save("faults", r)
+    figs = campaign.figures(r)
+    if not r["legs_run_now"]:  # every leg was run before: the rows are of those runs
+        return measured_at(figs, r["last_leg_saved"], "last leg ended")
+    return figs
+
+
+RUNNERS = {
+    "trainer": trainer_figs,
+    "gpu": gpu_figs,
+    "checkpoint": checkpoint_figs,
+    "infra": infra_figs,
+    "recovery": recovery_figs,
+    "goodput": goodput_figs,
+    "cost": cost_figs,
+    "faults": faults_figs,
+}
+
+
+def save(name: str, result: dict, out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
