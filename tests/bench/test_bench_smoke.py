@@ -282,3 +282,24 @@ def test_a_save_stall_is_judged_against_one_median_step():
     assert stall_figure(r).met is True and "57 of 60 saves deferred" in stall_figure(r).note
     assert stall_figure({**r, "waited_behind_s": 0.3}).met is False  # it waited on the writer
     assert stall_figure({**r, "exit_code": 1}).value.startswith("not measured")
+
+
+def test_checkpoint_record_rejudges_the_saved_run_with_its_date(tmp_path):
+    from bench.runners import checkpoint_record_figs
+
+    run = {"config": "small", "steps": 50, "checkpoint_every": 25, "repeats": 1,
+           "loop_median_s": {"none": 100.0, "async": 105.0}, "cpu_s": {"none": [None]},
+           "async_over_none_each": [1.05], "async_over_none": 1.05, "goal_async_over_none": 1.02,
+           "sigterm_to_exit_s": 8.0, "sigterm_exit_code": 75, "sigterm_step": 3}  # fmt: skip
+    storage = {"cases": [], "latency": {"median_s": 0.0002, "p90_s": 0.0003}, "goals": {}}
+    stall = {"steps": 60, "exit_code": 0, "saves_deferred": 57, "waited_behind_s": 0.0,
+             "step_s": 0.01, "longest_step_s": 0.05}  # fmt: skip
+    record = tmp_path / "checkpoint.json"
+    with pytest.raises(FileNotFoundError, match="checkpoint_storage.json"):
+        record.write_text(json.dumps(run))
+        checkpoint_record_figs(record)
+    (tmp_path / "checkpoint_storage.json").write_text(json.dumps(storage))
+    (tmp_path / "checkpoint_stall.json").write_text(json.dumps(stall))
+    figs = checkpoint_record_figs(record)
+    assert figs[0].met is False and figs[0].value == 1.05  # judged again, by today's code
+    assert figs[-1].met is True and all("run ended" in f.machine for f in figs)
