@@ -18,10 +18,6 @@ PNG = REPO / "docs" / "goodput-timeline.png"
 GOODPUT_SETS = ("checkpoint_every=100",)
 
 
-def load() -> str:
-    return f"load {os.getloadavg()[0]:.1f}"
-
-
 def measured_at(figs: list[Figure], when: float, what: str) -> list[Figure]:
     """Rows re-analysed from a saved run carry that run's date, not today's load and date."""
     stamp = dt.datetime.fromtimestamp(when, dt.UTC)
