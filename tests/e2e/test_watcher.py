@@ -1,7 +1,8 @@
-"""The watcher VM on the local pod: it recovers a preemption and a hang with no `tpupod watch`
-started by the test, continues the same incident after being killed mid-recovery (one recreate),
-and the final weights equal an uninterrupted run's. Its way in to the workers is OS Login: a key
-imported through the pod's importSshPublicKey works for that POSIX user, any other is refused."""
+"""The watcher VM on the local pod: it recovers a preemption with no `tpupod watch` started by the
+test, continues the same incident after being killed mid-recovery (one recreate), and the final
+weights equal an uninterrupted run's (its recovery of a hang is test_demo.py's). Its way in to the
+workers is OS Login: a key imported through the pod's importSshPublicKey works for that POSIX user,
+any other is refused."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ops.remote_state import RemoteState
 from ops.target import local_target
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
-STEPS = 40
+STEPS = 30
 
 
 def ssh_as(worker, user: str, key_file: Path) -> str:
@@ -111,16 +112,13 @@ def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod):
     wait("the restarted watcher continuing", lambda: has("continuing"), 60)
     assert watcher_vm.watch_pid(pod.paths.root) != victim  # the supervisor restarted it
     wait("the preemption resumed", lambda: has("resumed", "preemption"))
-    wait("step 25", lambda: min(steps(pod)) >= 25)
-    pod.hang(1)
-    wait("the hang resumed", lambda: has("resumed", "hang"))
     wait("done", lambda: has("done"), 600)
 
     names = [e["event"] for e in events()]
     assert names.count("recreated") == 1, names  # one recreate, not two, across the kill
-    assert [e["kind"] for e in events() if e["event"] == "detected"] == ["preemption", "hang"]
+    assert [e["kind"] for e in events() if e["event"] == "detected"] == ["preemption"]
     done = next(e for e in events() if e["event"] == "done")
-    assert done["step"] == STEPS and done["preemptions"] == 1 and done["failures"] == 1
+    assert done["step"] == STEPS and done["preemptions"] == 1 and done["failures"] == 0
     lease = json.loads(state.blob("lease.json").download_as_bytes())
     assert lease["holder"] == watcher_vm.HOLDER and lease["expires"] <= time.time()  # released
     summary = read_object(pod.paths.root, "runs/local/summary.json")
