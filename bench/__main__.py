@@ -58,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
         f"[{' '.join(GOODPUT_SETS)}]",
     )
     p.add_argument("--min-steps", type=int, default=30, help="recovery: steps between faults")
+    p.add_argument("--rounds", type=int, default=3, help="recovery: events of each kind (>= 3)")
     p.add_argument("--notice", type=float, default=30.0, help="preemption notice, seconds")
     p.add_argument("--trainer-config", default="small", help="trainer/checkpoint: preset")
     p.add_argument("--trainer-steps", type=int, default=15)
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown benchmark {unknown[0]!r}; choose from all, {', '.join(ORDER)}")
     if a.count < 1 or a.per_leg < 1:
         p.error(f"--count {a.count} / --per-leg {a.per_leg}: both must be at least 1")
+    if a.rounds < 3:
+        p.error(f"--rounds {a.rounds}: the recovery goal is a median of at least 3 events a kind")
     console = Console()
     command = "uv run python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     everything = [w for w in ORDER if w not in NAMED_ONLY or w in a.which]

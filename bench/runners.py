@@ -118,9 +118,8 @@ def recovery_figs(a, console) -> list[Figure]:
         r = recovery_bench.report_run(record)
         save("recovery", r)
         return measured_at(recovery_bench.figures(r), record.finished, "run ended")
-    r = recovery_bench.run(
-        OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS), console=console
-    )
+    r = recovery_bench.run(OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS),
+                           console=console, rounds=a.rounds)  # fmt: skip
     save("recovery", r)
     return recovery_bench.figures(r)
 
