@@ -17,18 +17,12 @@ The server, its HTTP API and its object storage are the stock ones; this module 
   after every write (24.5 ms against 0.6 ms per write at 1,300 objects); in memory it has no reader.
 - Soft delete off in the default bucket: pruned checkpoint steps would otherwise stay in memory
   for GCS's default 7 days.
-- It runs at the lowest CPU priority (NICENESS). On GCP the storage service's CPU is not the TPU
-  host's; here the emulator shares the pod's cores with the trainers, and at equal priority
-  the server side of a background checkpoint write (one save of `small`: ~2.4 s of emulator CPU,
-  measured once) was charged to the training steps it ran beside. Niced, it takes the CPU the
-  trainers leave idle (CFS still gives it a share, so it is never starved).
 
 `python -m localpod.emulator start --host 127.0.0.1 --port P --default-bucket B`
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
@@ -42,7 +36,6 @@ from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import buckets, objects
 
 _LOCK = threading.Lock()
-NICENESS = 19
 _stock_read_raw = server._read_raw_data
 _stock_bucket_resource = buckets._make_bucket_resource
 
@@ -189,7 +182,6 @@ def install() -> None:
 
 
 def run(argv: list[str]) -> int:
-    os.nice(NICENESS)
     install()
     if "--in-memory" not in argv:
         argv = [*argv, "--in-memory"]
