@@ -184,7 +184,8 @@ def allocator_figure(cfg: str, r: dict) -> Figure:
         name,
         f"{r['step_time_s']:.2f} vs {sysa['step_time_s']:.2f} s",
         n=r["steps_timed"],
-        note=f"default {r['allocator']}; medians of {r['steps_timed']} steps; whole trainer run (imports, compile, probe, {r['steps']} steps): minor page faults "
+        note=f"default {r['allocator']}; medians of {r['steps_timed']} steps; whole trainer run "
+        f"(imports, compile, probe, {r['steps']} steps): minor page faults "
         f"{r['minor_faults']:,} vs {sysa['minor_faults']:,}, kernel share of CPU time "
         f"{r['kernel_cpu_share']:.0%} vs {sysa['kernel_cpu_share']:.0%}",
     )

@@ -2,9 +2,8 @@
 
 XLA:CPU allocates a step's temporaries afresh on every execution. glibc serves large blocks with
 fresh mmaps and returns them to the kernel when freed, so each step pays again for page faults and
-for zeroing fresh pages: `small` took ~270 k faults a step, 14 % of its CPU in the kernel, and its
-steps stayed ~3 % slower after an async save (`uv run python -m bench trainer` compares the chosen
-allocator with the plain system one). tcmalloc keeps freed memory for reuse (MaxText preloads it
+for zeroing fresh pages: `small` took ~270 k faults a step and 14 % of its CPU in the kernel
+(`uv run python -m bench trainer` compares the chosen allocator with the plain system one). tcmalloc keeps freed memory for reuse (MaxText preloads it
 on TPU hosts for the same reason). Without it, glibc >= 2.35's `glibc.malloc.hugetlb=1` tunable
 asks for transparent huge pages on malloc's memory: one fault per 2 MiB instead of per 4 KiB (a
 no-op where THP is `never`, an unknown tunable that older glibc ignores). Both must be in place
@@ -21,7 +20,6 @@ GLIBC_TUNABLES set: the pid stays the same, so supervisors that track it are una
 from __future__ import annotations
 
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -42,6 +40,14 @@ def _preloaded(environ) -> bool:
     return "tcmalloc" in environ.get("LD_PRELOAD", "")
 
 
+def _libc() -> str:
+    """'glibc' under glibc (its own answer, no scan of the executable as platform.libc_ver does)."""
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").split(" ")[0]
+    except (ValueError, OSError):  # a C library without the GNU name
+        return ""
+
+
 def _tuned(environ) -> bool:
     return HUGE_PAGES in environ.get(TUNABLES, "").split(":")
 
@@ -60,7 +66,7 @@ def preload_env(environ: dict, candidates=CANDIDATES, libc: str | None = None) -
     lib = next((c for c in candidates if Path(c).is_file()), None)
     if lib is None:
         named = environ.get(LIB_ENV)  # a library asked for by name is never replaced by another
-        libc = platform.libc_ver()[0] if libc is None else libc
+        libc = _libc() if libc is None else libc
         if named or TUNABLES in environ or libc != "glibc":
             return None
         return {**environ, TUNABLES: HUGE_PAGES}
