@@ -202,7 +202,9 @@ def figures(r: dict) -> list:
             value <= goal if goal else None,
             n=len(each),
             spread=", ".join(f"{x:.3f}" for x in each),
-            note=f"{r.get('where', 'one process')}; median loop wall time (less the peak probe) "
+            note=f"{r.get('where', 'one process')}; median loop wall time (first step to the "
+            "last step done, less the peak probe; the last step's save, which every variant "
+            "makes, comes after it) "
             f"over none's, the variants interleaved {r['repeats']} times in rotated order "
             f"(spread: each round's ratio){split}; median loop s: {runs}"
             + (f"; median trainer CPU s: {cpu}" if cpu else ""),

@@ -161,6 +161,10 @@ def storage_figures(r: dict) -> list:
                                _met(c["save_on_notice_s"], goal), note=f"{where}: SIGTERM to "
                                "committed (the trainer's preempted.save_s)"))  # fmt: skip
         rows.append(steps_lost_figure(c, where))
+    if "compression" in r:  # runs before the compression choice have none
+        from bench.checkpoint_compression import compression_figure
+
+        rows.append(compression_figure(r["compression"]))
     lat = r["latency"]
     rows.append(Figure("GCS emulator: one small GET", lat["median_s"] * 1e3, "ms",
                        note=f"median of 200 on a kept-alive connection, p90 "
@@ -235,12 +239,16 @@ def storage_run(configs=(("tiny", 300, 100), ("tiny", 40, 5), ("small", 30, 4)))
     save against 100 steps of under 10 ms; at 40 they no longer did), and at 5 (they do not);
     small at 4 steps per save: about 7 s per step on a 2-core CPU, so three starts of it
     (SIGTERM, resume, SIGKILL, resume) stay within minutes."""
+    from bench.checkpoint_compression import compression_case
+
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "emulator.log"
         with emulator(log) as env:
-            cases = [storage_case(c, s, e, env, log, str(Path(tmp) / "cc")) for c, s, e in configs]
+            cc = str(Path(tmp) / "cc")
+            cases = [storage_case(c, s, e, env, log, cc) for c, s, e in configs]
+            compression = compression_case("small", env, cc)
             latency = request_latency(env)
-    return {"cases": cases, "latency": latency, "goals": GOALS}
+    return {"cases": cases, "compression": compression, "latency": latency, "goals": GOALS}
 
 
 def smoke() -> dict:

@@ -154,7 +154,9 @@ def run(
                 log.event("peak_measured", peak_flops=peak, source=peak_source, seconds=probe_s)
                 last_report = (step, time.perf_counter())
             preempted = preemption.reached(step, checkpoints)
-            if preempted or checkpoints.should_save(step):
+            # The last step is saved after the loop whatever the policy (step 6), so the loop's
+            # time is the same work with checkpoints and without: a policy costs only its saves.
+            if preempted or (step < cfg.steps and checkpoints.should_save(step)):
                 hb.update(state=TrainerState.SAVING, step=step)
                 t_save = time.perf_counter()
                 checkpoints.save(step, state, data_iter, periodic=not preempted)
