@@ -104,6 +104,24 @@ def paced_overhead(loops: dict, step_s: dict, names: list[str]) -> dict:
     return out
 
 
+def presave_adjusted(r: dict, name: str) -> list[float]:
+    """Per round, the `name` run's loop over its round's `none` run scaled by their speed ratio
+    over the steps before the first save (2 to every-1: the same work in both, so any difference
+    there is the machine's). Charges a save and everything after it, a lasting slowdown
+    included; still blind to speed that drifts within a run. [] without per-step times."""
+    runs: dict[str, list] = {}
+    for variant, times in zip(r.get("run_order", []), r.get("step_times", []), strict=True):
+        runs.setdefault(variant, []).append(times)
+    before = slice(1, r["checkpoint_every"] - 1)
+    out = []
+    for a, n in zip(runs.get(name, []), runs.get("none", []), strict=True):
+        if not a or not n or len(a) != len(n) or len(a) <= r["checkpoint_every"]:
+            return []
+        speed = sum(a[before]) / sum(n[before])
+        out.append(sum(a[1:]) / (speed * sum(n[1:])))
+    return out
+
+
 def rotated(names: list[str], repeats: int) -> list[tuple[int, str]]:
     """(round, variant) in run order: every variant once a round, each round starting one later."""
     k = len(names)
@@ -194,6 +212,10 @@ def figures(r: dict) -> list:
             if f"{name}_over_none_paced" in r
             else ""
         )
+        if adjusted := presave_adjusted(r, name):
+            split += (f"; against its round's none run scaled by their speed before the first "
+                      f"save: median {statistics.median(adjusted):.3f} (rounds "
+                      + ", ".join(f"{x:.3f}" for x in adjusted) + ")")  # fmt: skip
         return Figure(
             f"checkpoint overhead, {name} ({what})",
             value,

@@ -130,8 +130,13 @@ def restore_newest_readable(checkpoints, abstract_state, data_iter):
     """(step, state, data_iter, [Unreadable]) from the newest step every process can read;
     (None, None, data_iter, []) when there is no committed step at all."""
     steps = sorted(checkpoints.manager.all_steps(), reverse=True)
+    if not steps:
+        return None, None, data_iter, []
     # gcsfs logs a traceback for every object found missing; the one line below says it all.
     logging.getLogger("fsspec.prefetcher").setLevel(logging.CRITICAL)
+    # In place before the first read, not once one failed: a failed read's siblings can land
+    # on Orbax's closed event loop before the error reaches the `except` below.
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_failed_reads
     skipped: list[Unreadable] = []
     for step in steps:
         file, reason = "?", "another process could not read it"
@@ -144,7 +149,6 @@ def restore_newest_readable(checkpoints, abstract_state, data_iter):
         except Exception as e:
             if (cause := unreadable_cause(e)) is None:
                 raise
-            sys.unraisablehook = _quiet_failed_reads
             # Orbax's abandoned read tasks end with the same error; asyncio would log each one
             # with its traceback ("Task exception was never retrieved") whenever GC finds it.
             logging.getLogger("asyncio").setLevel(logging.CRITICAL)
@@ -158,10 +162,10 @@ def restore_newest_readable(checkpoints, abstract_state, data_iter):
                 _sync("tpupod-set-aside")  # next saves would disagree on what exists
                 _forget_listings(checkpoints.directory)
                 checkpoints.manager.reload()
+            else:  # nothing failed, so no read is left in flight to quiet
+                sys.unraisablehook = previous_hook
             return step, state, data_iter, skipped
         skipped.append(Unreadable(step, file, reason))
-    if not steps:
-        return None, None, data_iter, []
     listed = "; ".join(f"step {b.step} ({b.file}: {b.reason})" for b in skipped)
     raise NoReadableStep(
         f"no readable checkpoint in {checkpoints.directory}: {listed}; nothing was moved or "
