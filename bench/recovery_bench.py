@@ -251,18 +251,26 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
             )  # fmt: skip
         totals = [i["fault_to_first_step_s"] for i in incs if i["fault_to_first_step_s"]]
         total = median(totals)
+        # The goal is a median of >= MIN_EVENTS: a run with fewer events of a kind (the goodput
+        # run has one of each) reports its figure and leaves the judgement to `bench recovery`.
         enough = len(totals) >= MIN_EVENTS
+        goal = f"<= {RECOVERY_GOAL_S:g} s (median of >= {MIN_EVENTS})"
         figs.append(
             Figure(
                 f"recovery, {what}: fault -> first step {tag}",
                 total if total is not None else "not measured: no first step seen",
                 "s" if total is not None else "",
-                f"<= {RECOVERY_GOAL_S:g} s (median of >= {MIN_EVENTS})",
-                None if total is None else enough and total <= RECOVERY_GOAL_S,
+                goal if enough else "",
+                None if total is None or not enough else total <= RECOVERY_GOAL_S,
                 n=len(totals),
                 spread=spread(totals, "s"),
                 note="median"
-                + ("" if enough else f"; fewer than {MIN_EVENTS} events: not met")
+                + (
+                    ""
+                    if enough
+                    else f"; {len(totals)} event(s): the goal ({goal}) is judged "
+                    "by `bench recovery`"
+                )
                 + "; local pod, 2 CPU workers; the largest phases are in the phases row",
             )
         )

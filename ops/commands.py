@@ -111,11 +111,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return follow_journal(provider_for(args), args.lines, args.follow, Console())
         except ProviderError as err:
             raise CliError(str(err)) from None
-    if getattr(args, "incident", None) is not None:  # kept beside the journal: no slice needed
+    if getattr(args, "incident", None) is not None:  # beside the journal, else in the bucket
         from ops.forensics import show
 
+        def bucket():  # opened only when the journal's directory has no such incident
+            from ops.remote_state import RemoteState
+
+            return RemoteState.for_target(provider_for(args).target)
+
         try:
-            print(show(state_dir_for(args), args.incident))
+            print(show(state_dir_for(args), args.incident, bucket))
         except FileNotFoundError as err:
             raise CliError(str(err)) from None
         return 0
@@ -241,7 +246,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--watcher", action="store_true", help="the watcher's journal (from the bucket)"
     )
     logs.add_argument(
-        "--incident", type=int, help="hang forensics of incident N (stacks + log tail, per worker)"
+        "--incident",
+        type=int,
+        help="hang forensics of incident N (stacks + log tail, per worker; from beside the journal, "
+        "else from the bucket, where the watcher VM keeps them)",
     )
     logs.set_defaults(func=cmd_logs)
 

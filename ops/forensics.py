@@ -6,14 +6,18 @@ stacks of each Python process in the trainer's process tree (the trainerctl wrap
 stopped process cannot be suspended: then `--nonblocking`; failing natives: local variables), and
 the last lines of trainer.log. py-spy comes from the worker's own environment (the bundle's
 `.venv`, where it is a trainer dependency) or the worker's PATH. One file per worker lands in
-`<journal dir>/incidents/<N>/worker-<i>.txt`; the journal line `forensics` names them, and
-`tpupod logs --stack S --incident N` prints them.
+`<journal dir>/incidents/<N>/worker-<i>.txt` and, when `watch` keeps its state in the bucket
+(always, from the CLI), in `gs://BUCKET/ops/<stack>/incidents/<N>/`: the watcher VM's disk is out
+of the operator's reach. The journal line `forensics` names them, and
+`tpupod logs --stack S --incident N` prints them (the bucket's copy when there is none here).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ops.workers import WorkerGroup, as_root
 
@@ -61,22 +65,22 @@ def incidents_dir(journal_path: Path | None) -> Path | None:
     return journal_path.parent / "incidents" if journal_path is not None else None
 
 
-def next_number(root: Path) -> int:
-    taken = [int(p.name) for p in root.glob("*") if p.is_dir() and p.name.isdigit()]
+def next_number(root: Path | None, bucket=None) -> int:
+    """One more than any incident with forensics here or in the bucket (a laptop that takes over
+    from the watcher VM must not reuse the VM's numbers)."""
+    taken = (
+        {int(p.name) for p in root.glob("*") if p.is_dir() and p.name.isdigit()} if root else set()
+    )
+    if bucket is not None:
+        taken |= bucket.forensics_numbers()
     return max(taken, default=0) + 1
 
 
-def capture(group: WorkerGroup, root: Path | None, reason: str) -> tuple[int, list[Path]]:
-    """Runs SCRIPT on every worker at once; one text file per worker under root/<N>/. Without a
-    root (a journal with no file) nothing is written: (0, [])."""
+def collect(group: WorkerGroup, reason: str) -> dict[str, str]:
+    """Runs SCRIPT on every worker at once: file name -> text, one file per worker."""
     outcomes = group.run(as_root(SCRIPT), timeout=3 * SPY_TIMEOUT_S + 30)
-    if root is None:
-        return 0, []
-    number = next_number(root)
-    folder = root / str(number)
-    folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    files = []
+    texts = {}
     for index, out in sorted(outcomes.items()):
         worker = group.by_index[index]
         head = f"worker {index} ({worker.instance or worker.host}), captured {stamp}: {reason}\n"
@@ -84,10 +88,30 @@ def capture(group: WorkerGroup, root: Path | None, reason: str) -> tuple[int, li
             body = f"(unreachable: {out.error})\n"
         else:
             body = out.stdout + (f"\n@@ stderr\n{out.stderr}" if out.stderr.strip() else "")
-        path = folder / f"worker-{index}.txt"
-        path.write_text(head + body)
-        files.append(path)
-    return number, files
+        texts[f"worker-{index}.txt"] = head + body
+    return texts
+
+
+def keep(texts: dict[str, str], root: Path | None, bucket=None) -> tuple[int, list[str], list[str]]:
+    """Writes the files under root/<N>/ and, with a bucket (ops.remote_state.RemoteState), to its
+    `incidents/<N>/`. Returns (N, where each file went, what could not be stored)."""
+    number = next_number(root, bucket)
+    stored, failed = [], []
+    if root is not None:
+        folder = root / str(number)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (folder / name).write_text(text)
+            stored.append(str(folder / name))
+    if bucket is not None:
+        from ops.remote_state import STORAGE_ERRORS  # google-cloud-storage: only with a bucket
+
+        for name, text in texts.items():
+            try:
+                stored.append(bucket.put_forensics(number, name, text))
+            except STORAGE_ERRORS as err:
+                failed.append(f"{name} to the bucket: {type(err).__name__}: {err}"[:300])
+    return number, stored, failed
 
 
 def capture_hang(watcher, inc) -> None:
@@ -96,32 +120,54 @@ def capture_hang(watcher, inc) -> None:
         return
     started = time.time()
     inc.phases["forensics"] = started
+    bucket = watcher.store if hasattr(watcher.store, "put_forensics") else None
     try:
         workers = watcher._describe()
         group = watcher._workers(workers.workers if workers else None)
-        root = incidents_dir(watcher.journal.path)
-        number, files = capture(group, root, inc.reason)
+        texts = collect(group, inc.reason)
+        number, files, failed = keep(texts, incidents_dir(watcher.journal.path), bucket)
     except Exception as err:  # noqa: BLE001 - evidence is a bonus; the restart must go on
         watcher.journal.event("error", f"hang forensics failed: {type(err).__name__}: {err}")
         return
+    for line in failed:
+        watcher.journal.event("error", f"hang forensics not stored: {line}")
     inc.phases["forensics"] = now = time.time()
-    names = ", ".join(str(f) for f in files) or "not stored (journal has no file)"
+    names = ", ".join(files) or "not stored (journal has no file, no bucket)"
     watcher.journal.event(
         "forensics",
         f"stacks and log tail of every worker's trainer in {now - started:.1f}s: {names}",
         incident=number,
-        files=[str(f) for f in files],
+        files=files,
         seconds=now - started,
     )
 
 
-def show(state: Path, number: int) -> str:
-    """What `tpupod logs --incident N` prints: every worker's file, in order."""
+def _by_worker(name: str) -> int:
+    digits = name.rsplit("/", 1)[-1].removeprefix("worker-").removesuffix(".txt")
+    return int(digits) if digits.isdigit() else 0
+
+
+def show(state: Path, number: int, open_bucket: Callable[[], Any] | None = None) -> str:
+    """What `tpupod logs --incident N` prints: every worker's file, in order; from the journal's
+    directory, else from the bucket `open_bucket()` returns (where the watcher VM's forensics
+    are: ops.remote_state.RemoteState)."""
     folder = state / "incidents" / str(number)
-    files = sorted(folder.glob("worker-*.txt"), key=lambda p: int(p.stem.split("-")[1]))
+    files = [(str(f), f.read_text()) for f in folder.glob("worker-*.txt")]
+    known = {int(p.name) for p in folder.parent.glob("*") if p.name.isdigit()}
+    where = [str(folder.parent)]
+    if not files and open_bucket is not None:
+        try:
+            bucket = open_bucket()
+            files = bucket.forensics(number)
+            known |= bucket.forensics_numbers()
+            where.append(f"gs://{bucket.bucket.name}/{bucket.prefix}incidents/")
+        except Exception as err:  # noqa: BLE001 - whatever kept the bucket away goes in the line
+            where.append(f"the bucket (not read: {' '.join(str(err).split())[:200]})")
     if not files:
-        known = sorted(int(p.name) for p in folder.parent.glob("*") if p.name.isdigit())
-        have = ", ".join(map(str, known)) or "none"
-        raise FileNotFoundError(f"no forensics for incident {number} in {folder.parent} "
-                                f"(incidents with forensics: {have})")  # fmt: skip
-    return "\n".join(f"==> {f} <==\n{f.read_text()}" for f in files)
+        have = ", ".join(map(str, sorted(known))) or "none"
+        raise FileNotFoundError(
+            f"no forensics for incident {number} in {' or '.join(where)} "
+            f"(incidents with forensics: {have})"
+        )
+    files.sort(key=lambda item: _by_worker(item[0]))
+    return "\n".join(f"==> {name} <==\n{text}" for name, text in files)

@@ -6,6 +6,8 @@
   every change, so a watcher that restarts (systemd, a VM replaced, a laptop taking over)
   continues the incident where the last one stopped instead of creating the node twice.
 - `lease.json`: who acts now (`ops.lease`).
+- `incidents/<N>/worker-<i>.txt`: hang forensics (`ops.forensics`), so `tpupod logs --incident N`
+  reads on a laptop what the watcher VM captured.
 
 The bucket is the one named in the node spec's metadata (`tpupod-bucket`). On GCP the client uses
 Application Default Credentials (the watcher VM's own service account, which may write this prefix
@@ -176,6 +178,31 @@ class RemoteState:
         self._saved = None
         with contextlib.suppress(gexc.NotFound):
             self.blob("incident.json").delete(timeout=CALL_TIMEOUT)
+
+    # -- hang forensics ------------------------------------------------------------------------
+    def forensics_numbers(self) -> set[int]:
+        """The incidents with forensics in the bucket."""
+        blobs = self.bucket.list_blobs(prefix=self.prefix + "incidents/", timeout=CALL_TIMEOUT)
+        found = (b.name[len(self.prefix + "incidents/") :].split("/", 1)[0] for b in blobs)
+        return {int(n) for n in found if n.isdigit()}
+
+    def put_forensics(self, number: int, name: str, text: str) -> str:
+        """One worker's file of incident `number`; returns its gs:// URI."""
+        blob = self.blob(f"incidents/{number}/{name}")
+        blob.upload_from_string(text, content_type="text/plain", timeout=CALL_TIMEOUT)
+        return f"gs://{self.bucket.name}/{blob.name}"
+
+    def forensics(self, number: int) -> list[tuple[str, str]]:
+        """(gs:// URI, text) of every file of incident `number`, in listing order."""
+        prefix = f"{self.prefix}incidents/{number}/"
+        blobs = self.bucket.list_blobs(prefix=prefix, timeout=CALL_TIMEOUT)
+        return [
+            (
+                f"gs://{self.bucket.name}/{b.name}",
+                b.download_as_bytes(timeout=CALL_TIMEOUT).decode(),
+            )
+            for b in blobs
+        ]
 
 
 def _line(err: BaseException) -> str:

@@ -30,7 +30,7 @@ IAP_PROXY = (
 )
 VIAS = ("iap", "internal")
 PULUMI_MISSING = (
-    "the Pulumi CLI is not installed: install it (curl -fsSL https://get.pulumi.com | sh) and run "
+    "the Pulumi CLI is not installed: install it (https://www.pulumi.com/docs/install/) and run "
     "`pulumi login`, or pass --spec FILE (the stack's `node_spec` output)"
 )
 

@@ -154,6 +154,21 @@ def test_recovery_phases_split_trainer_start_by_its_own_times():
     assert "not separated: trainer launch, interpreter start" in rows[2].value
 
 
+def test_recovery_goal_is_judged_only_on_a_median_of_three():
+    inc = recovery_bench.incidents(smoke.record(steps=300))[1]  # one kill
+    total = inc["fault_to_first_step_s"]
+
+    def row(events: int):
+        rows = recovery_bench.figures({"incidents": [inc] * events}, where="goodput run")
+        return next(r for r in rows if r.name.startswith("recovery, no-notice kill: fault"))
+
+    one, three = row(1), row(3)
+    # one event cannot test a median-of-3 goal: shown, not judged (bench recovery judges it)
+    assert one.goal == "" and one.met is None and "judged by `bench recovery`" in one.note
+    assert three.goal == "<= 15 s (median of >= 3)" and three.met is (total <= 15.0)
+    assert one.value == three.value == total
+
+
 def test_recovery_phases_clamp_overlapping_milestones():
     m = {"injected": 0.0, "bootstrapped": 5.0, "process_start": 4.0, "started": 6.0}
     assert recovery_bench.phases({**m, "first_step": 9.0}) == {

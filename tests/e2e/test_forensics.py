@@ -1,7 +1,8 @@
 """Hang forensics through the real `watch`: worker 0's trainer hangs inside a known function,
-worker 1's keeps beating; watch detects the hang and, before restarting, stores every worker's
-py-spy stacks and log tail beside the journal, names the files in the journal, and
-`tpupod logs --incident N` prints them.
+worker 1's keeps beating; watch (its state in the pod's bucket, as the CLI runs it) detects the
+hang and, before restarting, stores every worker's py-spy stacks and log tail beside the journal
+and in the bucket, names the files in the journal, and `tpupod logs --incident N` prints them,
+from the bucket when the journal's directory has none (a laptop reading the watcher VM's).
 
 The pod boots a stand-in startup script (like tests/e2e/conftest.py's) whose "trainer" is a small
 Python script run under a wrapper (`trainer.pid` = the wrapper, as with trainerctl.sh), and whose
@@ -24,6 +25,7 @@ from localpod.pod import LocalPod
 from ops.demo import pod_provider
 from ops.journal import Journal
 from ops.recovery import Limits
+from ops.remote_state import RemoteState
 from ops.watch import WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -91,23 +93,45 @@ def test_a_hang_is_dumped_with_its_stacks_before_the_restart(tmp_path: Path):
             raise Captured
         assert time.time() < deadline, f"no forensics; journal: {journal.events[-3:]}"
 
+    env = {
+        **os.environ,
+        "TPUPOD_STATE_DIR": str(state.parent),
+        "TPUPOD_POD_DIR": str(pod.paths.root),
+    }
+    cli = [sys.executable, "-m", "ops", "logs", "--stack", "local", "--incident"]
+
+    def logs(number: int, state_dir: Path = state.parent) -> subprocess.CompletedProcess:
+        env["TPUPOD_STATE_DIR"] = str(state_dir)
+        return subprocess.run(
+            [*cli, str(number)], cwd=REPO, env=env, capture_output=True, text=True
+        )
+
     try:
         pod.up()
-        watcher = Watcher(pod_provider(pod.paths.root), journal, cfg, on_poll=until_captured)
+        provider = pod_provider(pod.paths.root)
+        bucket = RemoteState.for_target(provider.target)
+        watcher = Watcher(provider, journal, cfg, on_poll=until_captured, store=bucket)
         watcher.since = 0.0  # the stand-ins wrote their status before this watch began
         with pytest.raises(Captured):
             watcher.run()
+        event = next(e for e in journal.events if e["event"] == "forensics")
+        # Read back while the pod's bucket is up: here, and from a directory without the files.
+        shown, remote = logs(event["incident"]), logs(event["incident"], tmp_path / "laptop")
+        missing = logs(99, tmp_path / "laptop")
     finally:
         pod.down()
 
     detected = next(e for e in journal.events if e["event"] == "detected")
     assert detected["kind"] == "hang" and "worker 0" in detected["message"]
-    event = next(e for e in journal.events if e["event"] == "forensics")
-    files = [Path(f) for f in event["files"]]
-    assert [f.name for f in files] == ["worker-0.txt", "worker-1.txt"]
-    assert all(str(f) in event["message"] for f in files)
-    assert files[0].parent == state / "incidents" / str(event["incident"])
-    hung, beating = (f.read_text() for f in files)
+    local = [Path(f) for f in event["files"] if not f.startswith("gs://")]
+    uris = [f for f in event["files"] if f.startswith("gs://")]
+    incidents = f"gs://{bucket.bucket.name}/ops/local/incidents/"
+    prefix = f"{incidents}{event['incident']}/"
+    assert uris == [prefix + "worker-0.txt", prefix + "worker-1.txt"]
+    assert [f.name for f in local] == ["worker-0.txt", "worker-1.txt"]
+    assert all(str(f) in event["message"] for f in event["files"])
+    assert local[0].parent == state / "incidents" / str(event["incident"])
+    hung, beating = (f.read_text() for f in local)
     assert "stuck_in_known_function" in hung and "Thread" in hung
     assert "step 7: about to wait forever" in hung  # the log tail
     assert "beating_normally" in beating
@@ -115,14 +139,12 @@ def test_a_hang_is_dumped_with_its_stacks_before_the_restart(tmp_path: Path):
     names = [e["event"] for e in journal.events]
     assert "restarted" not in names[: names.index("forensics")]
 
-    env = {**os.environ, "TPUPOD_STATE_DIR": str(state.parent)}
-    cli = [sys.executable, "-m", "ops", "logs", "--stack", "local", "--incident"]
-    shown = subprocess.run(
-        [*cli, str(event["incident"])], cwd=REPO, env=env, capture_output=True, text=True
-    )
     assert shown.returncode == 0, shown.stderr
     assert "worker-1.txt" in shown.stdout and "stuck_in_known_function" in shown.stdout
-    missing = subprocess.run([*cli, "99"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert remote.returncode == 0, remote.stderr
+    assert prefix + "worker-0.txt" in remote.stdout and "stuck_in_known_function" in remote.stdout
+    assert remote.stdout.index("worker-0.txt") < remote.stdout.index("worker-1.txt")
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
-    assert "no forensics for incident 99" in missing.stderr
+    assert "no forensics for incident 99" in missing.stderr and incidents in missing.stderr
+    assert f"incidents with forensics: {event['incident']}" in missing.stderr
     assert json.loads((state / "journal.jsonl").read_text().splitlines()[0])["event"]
