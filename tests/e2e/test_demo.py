@@ -59,8 +59,12 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     assert names.count("stockout") == 1 and names.count("recreated") == 1, messages
     done = next(e for e in watcher if e["event"] == "done")
     assert (done["preemptions"], done["failures"]) == (1, 1), messages
-    # the hang is found by heartbeat age, then every worker restarts
+    # the hang is found by heartbeat age; its stacks go to the bucket before every worker restarts
     assert "heartbeat" in detected["hang"]["message"], messages
+    forensics = next(e for e in watcher if e["event"] == "forensics")
+    stored = [f for f in forensics["files"] if f.startswith("gs://")]
+    assert [f.rsplit("/", 1)[1] for f in stored] == ["worker-0.txt", "worker-1.txt"], forensics
+    assert names.index("forensics") < names.index("restarted"), messages
     assert "recovered by" in out and watcher_vm.HOLDER in out
     assert "equals uninterrupted run" in out and "yes" in out.split("equals uninterrupted run")[1]
     assert not list(pod_dir.glob("pod.json"))  # torn down

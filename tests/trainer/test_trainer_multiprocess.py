@@ -1,5 +1,10 @@
 """Two processes x two CPU devices (gloo) against one process x four devices, and a SIGTERM to
-process 1 only: both processes stop at the same step, exit 75, and resume bitwise identical."""
+process 1 only: both processes stop at the same step, exit 75, and resume bitwise identical.
+
+The same three 2-process starts carry the per-process compile cache (trainer/compile_cache.py):
+the first compiles and writes one entry per process, the second loads both and trains on without
+a gloo deadlock, and once process 1's entry is gone the third has every process compile (no mixed
+cached and fresh programs) and writes the entry again, still resuming bitwise."""
 
 from __future__ import annotations
 
@@ -11,13 +16,14 @@ from trainer_testlib import free_port, multi_args, summary
 from trainer.status import read_status
 
 STEPS = 30
+NO_DEADLOCK_S = 150.0  # a deadlocked pair never exits; a healthy run takes ~20 s on 2 cores
 
 
-def _pod(spawn, tmp_path, wd, name, steps=STEPS):
+def _pod(spawn, tmp_path, wd, name, cache, steps=STEPS):
     port = free_port()
     return [
         spawn(
-            ["--config", "tiny", "--workdir", wd, "--steps", steps,
+            ["--config", "tiny", "--workdir", wd, "--steps", steps, "--compile-cache", cache,
              "--status-file", tmp_path / f"{name}.{i}.status", *multi_args(port, 2, i)],
             tmp_path, f"{name}.{i}", devices=2,
         )
@@ -27,16 +33,21 @@ def _pod(spawn, tmp_path, wd, name, steps=STEPS):
 
 def _wait_all(procs, code):
     for p in procs:
-        assert p.wait() == code, p.stderr[-4000:]
+        assert p.wait(timeout=NO_DEADLOCK_S) == code, p.stderr[-4000:]
 
 
-def test_two_processes_match_one_and_resume_exactly(spawn, tmp_path):
+def _compiled(proc) -> dict:
+    return [e for e in proc.lines() if e.get("event") == "compiled"][-1]
+
+
+def test_two_processes_match_one_resume_exactly_and_share_the_compile_cache(spawn, tmp_path):
     one = spawn(["--config", "tiny", "--workdir", tmp_path / "one", "--steps", STEPS],
                 tmp_path, "one", devices=4)  # fmt: skip
     assert one.wait() == 0, one.stderr
     ref_one = summary(tmp_path / "one")
 
-    pod = _pod(spawn, tmp_path, tmp_path / "two", "two")
+    cache = tmp_path / "cache"
+    pod = _pod(spawn, tmp_path, tmp_path / "two", "two", cache)
     _wait_all(pod, 0)
     ref_two = summary(tmp_path / "two")
     assert ref_two["processes"] == 2 and ref_two["devices"] == 4
@@ -46,23 +57,36 @@ def test_two_processes_match_one_and_resume_exactly(spawn, tmp_path):
     rel = abs(ref_one["params_norm"] - ref_two["params_norm"]) / ref_one["params_norm"]
     assert rel < 1e-5, (ref_one, ref_two)
     assert abs(ref_one["final_loss"] - ref_two["final_loss"]) < 1e-4
+    # The first start compiled and kept one entry per process.
+    assert ref_two["compile_cache_hit"] is False
+    assert _compiled(pod[0])["compile_cache"].startswith("compiled")
+    entries = sorted((p.name for p in cache.iterdir()), key=lambda name: name.rsplit("-", 1)[1])
+    assert [e.rsplit("-", 1)[1] for e in entries] == ["p0.xla", "p1.xla"], entries
 
-    # SIGTERM to process 1 only: both agree on the step, save it, exit 75.
+    # Second start, on the cached programs: SIGTERM to process 1 only; both agree on the step,
+    # save it, exit 75.
     wd = tmp_path / "pre"
-    pod = _pod(spawn, tmp_path, wd, "pre1")
+    pod = _pod(spawn, tmp_path, wd, "pre1", cache)
     k = random.randint(2, 6)
     pod[0].wait_for(lambda: pod[0].last_step() >= k, what=f"step {k}")
     pod[1].signal(signal.SIGTERM)
     _wait_all(pod, 75)
     statuses = [read_status(tmp_path / f"pre1.{i}.status") for i in range(2)]
     assert {s.state for s in statuses} == {"preempted"}
+    assert [s.compile_cache_hit for s in statuses] == [True, True]
+    assert _compiled(pod[0])["cache_load_s"] > 0
     stopped = statuses[0].step
     assert statuses[1].step == stopped and statuses[0].last_checkpoint == stopped < STEPS
 
-    pod = _pod(spawn, tmp_path, wd, "pre2")
+    # Process 1 lost its entry (a new worker disk, a failed write): nobody may use theirs alone.
+    (cache / entries[1]).unlink()
+    pod = _pod(spawn, tmp_path, wd, "pre2", cache)
     _wait_all(pod, 0)
     statuses = [read_status(tmp_path / f"pre2.{i}.status") for i in range(2)]
     assert [s.restored_from for s in statuses] == [stopped, stopped]
+    assert [s.compile_cache_hit for s in statuses] == [False, False]
+    assert "processes [1] had no usable entry" in _compiled(pod[0])["compile_cache"]
+    assert sorted(p.name for p in cache.iterdir()) == sorted(entries)  # written again
     assert summary(wd)["params_fingerprint"] == ref_two["params_fingerprint"]
 
     # A different process count cannot restore the data state: one line, exit 2.
