@@ -51,8 +51,25 @@ def _rank(bench: str) -> int:
 
 
 def this_machine() -> str:
+    """Architecture, cores, CPU model and its widest vector unit: the same 2-core machine size
+    has come with CPUs whose matmul peak differs by more than 2x, and every timing follows."""
     cores = os.cpu_count() or 0
-    return f"{platform.machine()} {cores} cores, {platform.system()}"
+    return f"{platform.machine()} {cores} cores ({cpu_model()}), {platform.system()}"
+
+
+def cpu_model() -> str:
+    """e.g. "AMD EPYC, avx2" from /proc/cpuinfo; "unknown CPU" where it cannot be read."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in info.splitlines()) if v
+    )
+    flags = set(fields.get("flags", "").split())
+    vector = next((f for f in ("avx512f", "avx2", "avx", "neon") if f in flags), "")
+    model = " ".join(fields.get("model name", "unknown CPU").split())
+    return f"{model}, {vector}" if vector else model
 
 
 def spread(values: list[float], unit: str = "", digits: int = 1) -> str:
