@@ -65,14 +65,12 @@ def incidents_dir(journal_path: Path | None) -> Path | None:
     return journal_path.parent / "incidents" if journal_path is not None else None
 
 
-def next_number(root: Path | None, bucket=None) -> int:
+def next_number(root: Path | None, in_bucket: set[int] = frozenset()) -> int:
     """One more than any incident with forensics here or in the bucket (a laptop that takes over
     from the watcher VM must not reuse the VM's numbers)."""
-    taken = (
-        {int(p.name) for p in root.glob("*") if p.is_dir() and p.name.isdigit()} if root else set()
-    )
-    if bucket is not None:
-        taken |= bucket.forensics_numbers()
+    taken = set(in_bucket)
+    if root is not None:
+        taken |= {int(p.name) for p in root.glob("*") if p.is_dir() and p.name.isdigit()}
     return max(taken, default=0) + 1
 
 
@@ -94,9 +92,20 @@ def collect(group: WorkerGroup, reason: str) -> dict[str, str]:
 
 def keep(texts: dict[str, str], root: Path | None, bucket=None) -> tuple[int, list[str], list[str]]:
     """Writes the files under root/<N>/ and, with a bucket (ops.remote_state.RemoteState), to its
-    `incidents/<N>/`. Returns (N, where each file went, what could not be stored)."""
-    number = next_number(root, bucket)
-    stored, failed = [], []
+    `incidents/<N>/`; a bucket out of reach costs its copies, never the local ones. Returns
+    (N, where each file went, what could not be stored)."""
+    in_bucket: set[int] = set()
+    failed: list[str] = []
+    if bucket is not None:
+        from ops.remote_state import STORAGE_ERRORS  # google-cloud-storage: only with a bucket
+
+        try:
+            in_bucket = bucket.forensics_numbers()
+        except STORAGE_ERRORS as err:
+            failed.append(f"listing the bucket's incidents: {type(err).__name__}: {err}"[:300])
+            bucket = None
+    number = next_number(root, in_bucket)
+    stored = []
     if root is not None:
         folder = root / str(number)
         folder.mkdir(parents=True, exist_ok=True)
@@ -104,8 +113,6 @@ def keep(texts: dict[str, str], root: Path | None, bucket=None) -> tuple[int, li
             (folder / name).write_text(text)
             stored.append(str(folder / name))
     if bucket is not None:
-        from ops.remote_state import STORAGE_ERRORS  # google-cloud-storage: only with a bucket
-
         for name, text in texts.items():
             try:
                 stored.append(bucket.put_forensics(number, name, text))
