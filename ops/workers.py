@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 import socket
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ class WorkerGroup:
 
     def close(self) -> None:
         for cxn in self.connections.values():
-            cxn.close()
+            _close(cxn)
 
     @property
     def indices(self) -> list[int]:
@@ -124,7 +125,7 @@ class WorkerGroup:
                 outcomes[index] = outcome
             todo = [i for i in todo if _transient(outcomes[i])]
             for index in todo:  # a broken transport must not be reused
-                self.connections[index].close()
+                _close(self.connections[index])
             if not todo:
                 break
         return outcomes
@@ -252,3 +253,18 @@ def _describe(err: BaseException, worker: Worker) -> str:
     if _host_key_refused(err):
         return f"{worker.host}: no host key in the node's guest attributes: refused"
     return f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
+
+
+def _close(cxn: Connection) -> None:
+    """Closes the SSH connection and reaps its ProxyCommand (paramiko only signals it): without
+    the wait, a watch that runs for days keeps one zombie per connection it ever opened."""
+    transport = cxn.client.get_transport() if cxn.is_connected else None
+    proxy = getattr(transport, "sock", None)
+    cxn.close()
+    process = getattr(proxy, "process", None)
+    if process is not None:
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)

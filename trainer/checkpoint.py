@@ -14,7 +14,6 @@ import signal
 import threading
 import time
 
-import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -23,6 +22,7 @@ from orbax.checkpoint._src.handlers.pytree_checkpoint_handler import PyTreeCheck
 
 from trainer import storage
 from trainer.config import BadInput, Config, shape_signature
+from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave
 from trainer.tokenizer import identity_of
 
 
@@ -83,7 +83,7 @@ class Checkpoints:
             options=options,
             item_handlers={
                 "state": state_handler(use_ocdbt, cfg.checkpoint_compression),
-                "data": grain.checkpoint.CheckpointHandler(),
+                "data": IteratorHandler(),  # grain's files, written off the loop
                 "meta": ocp.JsonCheckpointHandler(),
             },
         )
@@ -135,7 +135,7 @@ class Checkpoints:
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
-                data=grain.checkpoint.CheckpointRestore(data_iter),
+                data=IteratorRestore(data_iter),
             ),
         )
         return restored["state"], restored["data"]
@@ -183,7 +183,7 @@ class Checkpoints:
         training: the longest such save() is `waited_behind_s`."""
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(data_iter),
+            data=IteratorSave(data_iter),
             meta=ocp.args.JsonSave(self.meta),
         )
         behind = self._pending is not None and self.manager.is_saving_in_progress()

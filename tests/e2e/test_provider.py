@@ -60,6 +60,9 @@ def test_describe_and_ssh_through_iap_with_pinned_host_keys(pod: LocalPod, boote
     assert all(w.host == w.instance and w.proxy_command and w.port == 22 for w in info.workers)
     with WorkerGroup(info.workers, retries=0) as group:
         out = group.check('echo "$(id -un) $(cat "$TPUPOD_ROOT/booted")"', "whoami")
+        tunnels = [c.client.get_transport().sock.process.pid for c in group.connections.values()]
+    # closed is reaped: a watch that runs for days must not collect a zombie per connection
+    assert not [pid for pid in tunnels if Path(f"/proc/{pid}").exists()], tunnels
     login = info.workers[0].user
     assert [out[i].stdout.split() for i in (0, 1)] == [[login, "0"], [login, "1"]]
     # the same workers directly (from inside the VPC): internal IP, the pod's port
