@@ -105,8 +105,7 @@ class WorkerGroup:
         self.close()
 
     def close(self) -> None:
-        for cxn in self.connections.values():
-            _close(cxn)
+        _close(*self.connections.values())
 
     @property
     def indices(self) -> list[int]:
@@ -124,8 +123,8 @@ class WorkerGroup:
             for index, outcome in self._run_once(command, todo, timeout).items():
                 outcomes[index] = outcome
             todo = [i for i in todo if _transient(outcomes[i])]
-            for index in todo:  # a broken transport must not be reused
-                _close(self.connections[index])
+            # a broken transport must not be reused
+            _close(*(self.connections[index] for index in todo))
             if not todo:
                 break
         return outcomes
@@ -255,14 +254,24 @@ def _describe(err: BaseException, worker: Worker) -> str:
     return f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
 
 
-def _close(cxn: Connection) -> None:
-    """Closes the SSH connection and reaps its ProxyCommand (paramiko only signals it): without
-    the wait, a watch that runs for days keeps one zombie per connection it ever opened."""
-    transport = cxn.client.get_transport() if cxn.is_connected else None
-    proxy = getattr(transport, "sock", None)
-    cxn.close()
-    process = getattr(proxy, "process", None)
-    if process is not None:
+def _close(*cxns: Connection) -> None:
+    """Closes SSH connections and reaps their ProxyCommands (paramiko only signals them): without
+    the wait, a watch that runs for days keeps one zombie per connection it ever opened. Each
+    transport's thread is joined first, because it signals its proxy once more on its way out:
+    after the reap that pid may already be free, or someone else's. A proxy whose thread is still
+    alive after the wait is left unreaped."""
+    closing = []
+    for cxn in cxns:
+        transport = cxn.client.get_transport()  # also a broken one: its proxy needs reaping too
+        cxn.close()  # SIGTERM to the proxy; its EOF ends the transport's thread
+        if getattr(getattr(transport, "sock", None), "process", None) is not None:
+            closing.append(transport)
+    for transport in closing:
+        if transport.is_alive():
+            transport.join(timeout=5)
+        if transport.is_alive():
+            continue
+        process = transport.sock.process
         try:
             process.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -52,7 +53,11 @@ def phase_is(*phases):
     return lambda w: w.incident is not None and w.incident.phase in phases
 
 
-def test_describe_and_ssh_through_iap_with_pinned_host_keys(pod: LocalPod, booted) -> None:
+def test_describe_and_ssh_through_iap_with_pinned_host_keys(
+    pod: LocalPod, booted, monkeypatch
+) -> None:
+    raised = []  # exceptions in any thread (paramiko's transports among them)
+    monkeypatch.setattr(threading, "excepthook", raised.append)
     booted(pod)
     info = pod_provider(pod.paths.root).describe()
     assert info.state is SliceState.READY and info.health == "HEALTHY"
@@ -60,9 +65,15 @@ def test_describe_and_ssh_through_iap_with_pinned_host_keys(pod: LocalPod, boote
     assert all(w.host == w.instance and w.proxy_command and w.port == 22 for w in info.workers)
     with WorkerGroup(info.workers, retries=0) as group:
         out = group.check('echo "$(id -un) $(cat "$TPUPOD_ROOT/booted")"', "whoami")
-        tunnels = [c.client.get_transport().sock.process.pid for c in group.connections.values()]
-    # closed is reaped: a watch that runs for days must not collect a zombie per connection
+        transports = [c.client.get_transport() for c in group.connections.values()]
+        tunnels = [t.sock.process.pid for t in transports]
+    # closed is reaped: a watch that runs for days must not collect a zombie per connection; and
+    # reaped only once its transport's thread is done signalling it (else that thread's last
+    # os.kill meets a freed pid: ProcessLookupError, or another process)
     assert not [pid for pid in tunnels if Path(f"/proc/{pid}").exists()], tunnels
+    for transport in transports:
+        transport.join(timeout=5)
+    assert not raised, [str(r.exc_value) for r in raised]
     login = info.workers[0].user
     assert [out[i].stdout.split() for i in (0, 1)] == [[login, "0"], [login, "1"]]
     # the same workers directly (from inside the VPC): internal IP, the pod's port
