@@ -46,7 +46,7 @@ die() { # die MESSAGE: fail the current phase with a reason recorded in bootstra
 
 # record EVENT PHASE [MESSAGE]: EVENT is begin|phase-start|phase-ok|phase-failed|finish.
 # Twice per phase, on the recovery path: stdlib only, so -I -S (no site, no user or env paths)
-# starts the interpreter in about half the time.
+# skips the site-packages scan at every start.
 record() {
   EVENT=$1 PHASE=$2 MESSAGE=${3:-} python3 -I -S - "$BOOTSTRAP_JSON" <<'PY'
 import json, os, sys, time

@@ -267,10 +267,10 @@ def _close(*cxns: Connection) -> None:
         if getattr(getattr(transport, "sock", None), "process", None) is not None:
             closing.append(transport)
     for transport in closing:
-        if transport.is_alive():
+        if transport.is_alive():  # never started if connecting failed before the handshake
             transport.join(timeout=5)
-        if transport.is_alive():
-            continue
+            if transport.is_alive():
+                continue
         process = transport.sock.process
         try:
             process.wait(timeout=5)
