@@ -10,6 +10,8 @@
 #   sync          uv sync --locked for this worker's group, persistent uv cache
 #   clear-stale   stop a trainer left on older code, clear libtpu locks
 #   trainer-env   write trainer.env (coordinator, process count/id, workdir, caches, args)
+#   bytecode      a new venv gets the bytecode its trainer's imports need from the bucket, if
+#                 a trainer published it (trainer/bytecode.py); a cache: never fails the boot
 #   start-trainer trainerctl.sh start (systemd unit, or setsid + pidfile); a no-op while it runs
 # A failing phase marks bootstrap.json failed with its name and why, and the script exits non-zero.
 set -euo pipefail
@@ -311,6 +313,18 @@ phase_trainer_env() {
   echo "wrote $env"
 }
 
+phase_bytecode() {
+  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256"
+  if [ -z "$MD_COMPILE_CACHE" ] || [ "$MD_COMPILE_CACHE" = off ]; then
+    echo "no compile cache in metadata: no bytecode to restore"
+    return 0
+  fi
+  # -I -S: stdlib only, like record(); the venv's interpreter, whose bytecode this is.
+  timeout 60 "$dir/.venv/bin/python" -I -S "$dir/trainer/bytecode.py" restore \
+    "$MD_COMPILE_CACHE" --venv "$dir/.venv" ||
+    echo "warning: no bytecode restored (exit $?): the trainer's first imports compile from source"
+}
+
 phase_start_trainer() {
   # Exit 3: the trainer ran and exited at once. The slice is fine and the launch is done; the
   # watcher judges trainer.exit as the trainer's failure (a restart, not a re-created slice).
@@ -321,7 +335,8 @@ phase_start_trainer() {
 }
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv phase_metadata \
-  phase_uv phase_bundle phase_sync phase_clear_stale phase_trainer_env phase_start_trainer
+  phase_uv phase_bundle phase_sync phase_clear_stale phase_trainer_env phase_bytecode \
+  phase_start_trainer
 
 # ---------------------------------------------------------------------------------------------
 # The phase runner
@@ -394,6 +409,7 @@ main() {
   local stop_deadline=$((${TPUPOD_STOP_TIMEOUT:-60} + 60))
   phase clear-stale "$stop_deadline" phase_clear_stale
   phase trainer-env "$stop_deadline" phase_trainer_env
+  phase bytecode 90 phase_bytecode
   phase start-trainer 60 phase_start_trainer 9>&-
   record finish start-trainer "bootstrap complete"
   log finish "bootstrap complete"

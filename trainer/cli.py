@@ -199,3 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if hb is not None:
             hb.stop()
+        from trainer import bytecode
+
+        bytecode.stop_publishing()  # a publisher still running: the next start publishes

@@ -11,7 +11,7 @@ import time
 
 import jax
 
-from trainer import data, storage
+from trainer import bytecode, data, storage
 from trainer.checkpoint import Checkpoints, Preemption
 from trainer.compile_cache import compile_train_step
 from trainer.config import Config
@@ -134,7 +134,7 @@ def run(
             last_checkpoint=checkpoints.poll(),
         )
 
-    t_loop = time.perf_counter()
+    t_loop, first_step = time.perf_counter(), step + 1
     with mesh:
         while step < cfg.steps:
             batch = data.global_batch(next(data_iter), cfg, setup.batch_sharding)
@@ -143,6 +143,8 @@ def run(
             if pending is not None:
                 report(*pending)
             pending = (step, metrics)
+            if step == first_step and pid == 0:  # the path's imports are done: share their bytecode
+                bytecode.publish_soon(compile_cache)
             if peak is None:
                 # Probe after the first step, not before it: a (re)start is judged by its time to
                 # the first step. Its metrics are read first, so the device is idle while the probe

@@ -14,6 +14,8 @@ import json
 import os
 import shlex
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +29,9 @@ from localpod.pod import LocalPod, WorkerInfo
 
 pytestmark = pytest.mark.e2e
 
-PHASES = ["metadata", "uv", "bundle", "sync", "clear-stale", "trainer-env", "start-trainer"]
+PHASES = [
+    "metadata", "uv", "bundle", "sync", "clear-stale", "trainer-env", "bytecode", "start-trainer"
+]  # fmt: skip
 # Like the guest agent: fetch the script from metadata into a file, run it with bash.
 RERUN = (
     'script="$TPUPOD_ROOT/.bootstrap/rerun.sh" && '
@@ -159,6 +163,24 @@ def roots_of(pod: LocalPod) -> list[Path]:
     return [pod.paths.tpupod_root(i) for i in range(pod.workers)]
 
 
+def bytecode_marker(root: Path) -> dict:
+    return json.loads((root / "current" / ".venv" / ".tpupod-bytecode").read_text())
+
+
+def wait_for_object(pod: LocalPod, uri: str, timeout: float = 120.0) -> None:
+    info = pod.describe()
+    bucket, _, name = uri.removeprefix("gs://").partition("/")
+    url = f"{info.pod['emulator_url']}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10):
+                return
+        except urllib.error.HTTPError as e:
+            assert e.code == 404 and time.monotonic() < deadline, f"no {uri} after {timeout}s"
+        time.sleep(0.5)
+
+
 def test_local_pod_boots_both_workers_to_training(local_pod):
     roots = roots_of(local_pod)
     first_step = wait_first_step(roots)
@@ -173,6 +195,8 @@ def test_local_pod_boots_both_workers_to_training(local_pod):
         assert env["TPUPOD_NUM_PROCESSES"] == "2" and env["TPUPOD_PROCESS_ID"] == str(i)
         assert env["TPUPOD_COORDINATOR"].startswith(local_pod.describe().workers[0].host + ":")
         assert len(trainer_processes(root)) == 1
+        # A new bucket holds no bytecode yet: the first trainer publishes it.
+        assert bytecode_marker(root)["found"] is False
         phases = " ".join(f"{p['name']}={p['seconds']:.1f}s" for p in boot["phases"])
         print(f"worker {i}: boot -> first step {first_step[i] - boot['started']:.1f}s ({phases})")
 
@@ -214,6 +238,8 @@ def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
     old = [os.readlink(root / "current").split("/")[-1] for root in roots]
     assert new.sha256 not in old
     old_pids = [int((root / "trainer.pid").read_text()) for root in roots]
+    # Worker 0's trainer publishes its imports' bytecode; the new bundle's venv restores it.
+    wait_for_object(local_pod, bytecode_marker(roots[0])["uri"])
     storage.upload_bundle(info.pod["emulator_url"], info.pod["bucket"], new)
     changes = {"tpupod-bundle-sha256": new.sha256, "tpupod-bundle-object": new.object_name}
     with changed_metadata(local_pod, **changes) as hosts:
@@ -232,6 +258,10 @@ def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
         assert any("trainer stopped (exit code" in line for line in stale), result.stdout
         assert not procs.alive(old_pids[i])
         assert int((root / "trainer.pid").read_text()) != old_pids[i]
+        marker = bytecode_marker(root)
+        assert marker["found"] is True and marker["restored"] > 100, marker
+        restored = phase_lines(result.stdout, "bytecode")
+        assert any(f"restored {marker['restored']} modules" in line for line in restored)
     wait_first_step(roots)
     for root in roots:
         (pid,) = trainer_processes(root)
