@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 import zlib
 from pathlib import Path, PurePosixPath
 
@@ -89,10 +90,11 @@ def build_archive(venv: Path, sources: list[str]) -> tuple[bytes, int]:
             path = Path(source)
             name = path.parent / "__pycache__" / f"{path.stem}.{sys.implementation.cache_tag}.pyc"
             try:
+                member = name.relative_to(venv).as_posix()
                 data = hash_pyc(source)
-            except (OSError, SyntaxError, ValueError):
+            except (OSError, SyntaxError, ValueError):  # outside the venv, gone, or not Python
                 continue
-            info = tarfile.TarInfo(name.relative_to(venv).as_posix())
+            info = tarfile.TarInfo(member)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
             count += 1
@@ -134,10 +136,15 @@ def publish_soon(cache_uri: str | None) -> None:
         stdout=subprocess.DEVNULL,
         text=True,
     )
+    # The list outgrows a pipe's buffer: fed from a thread, so the loop never waits on the child.
+    threading.Thread(target=_feed, args=(_publisher, "\n".join(sources)), daemon=True).start()
+
+
+def _feed(proc: subprocess.Popen, text: str) -> None:
     try:
-        _publisher.stdin.write("\n".join(sources))
-        _publisher.stdin.close()
-    except OSError:
+        proc.stdin.write(text)
+        proc.stdin.close()
+    except OSError:  # the child was stopped
         pass
 
 
@@ -154,13 +161,14 @@ def stop_publishing(timeout: float = 0.0) -> None:
 
 
 def _publish_main(cache_uri: str, venv: Path) -> int:
+    sources = [line for line in sys.stdin.read().split("\n") if line]
     os.nice(19)
     from trainer import storage  # fsspec/gcsfs: the trainer's own storage path
 
     uri = archive_uri(cache_uri, venv)
     if storage.exists(uri):
         return 0
-    data, count = build_archive(venv, sys.stdin.read().split("\n"))
+    data, count = build_archive(venv, sources)
     if count:
         storage.write_bytes(uri, data)
         print(f"bytecode: published {count} modules ({len(data) / 1e6:.1f} MB) to {uri}",

@@ -174,3 +174,37 @@ def test_an_unreadable_archive_is_one_line_and_the_boot_goes_on(tmp_path):
     assert line.startswith(f"bytecode: {archive} is unreadable (") and "delete it" in line
     assert archive.read_bytes() == b"\x1f\x8b not really gzip"  # a cache: left for the user
     assert json.loads((venv / bytecode.MARKER).read_text())["restored"] == 0
+
+
+def test_the_trainer_publishes_its_imports_only_when_its_venv_found_no_archive(
+    tmp_path, monkeypatch
+):
+    """publish_soon in this process, its venv swapped for one whose modules it imported: more
+    module paths than a pipe holds, all in the archive; a venv that found one publishes none."""
+    venv, cache = make_venv(tmp_path), tmp_path / "compile-cache"
+    pkg = bytecode.site_packages(venv) / "pkg"
+    names = [f"m{i:03d}_{'x' * 120}" for i in range(600)]
+    for name in names:
+        (pkg / f"{name}.py").write_text(f"NAME = {name!r}\n")
+    monkeypatch.syspath_prepend(str(bytecode.site_packages(venv)))
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(bytecode, "_publisher", None)
+    for name in names:
+        monkeypatch.delitem(sys.modules, f"pkg.{name}", raising=False)
+        __import__(f"pkg.{name}")
+    try:
+        (venv / bytecode.MARKER).write_text(json.dumps({"found": True, "restored": 1}))
+        bytecode.publish_soon(str(cache))
+        assert bytecode._publisher is None
+        (venv / bytecode.MARKER).write_text(json.dumps({"found": False, "restored": 0}))
+        bytecode.publish_soon(str(cache))
+        bytecode.stop_publishing(timeout=120)
+        assert bytecode._publisher.returncode == 0
+    finally:
+        bytecode.stop_publishing()
+        for name in ["pkg", *(f"pkg.{n}" for n in names)]:
+            sys.modules.pop(name, None)
+    with tarfile.open(bytecode.archive_uri(str(cache), venv)) as tar:
+        members = set(tar.getnames())
+    sp = bytecode.site_packages(venv).relative_to(venv).as_posix()
+    assert {f"{sp}/pkg/__pycache__/{n}.{TAG}.pyc" for n in names} <= members
