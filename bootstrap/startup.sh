@@ -319,9 +319,10 @@ phase_bytecode() {
     echo "no compile cache in metadata: no bytecode to restore"
     return 0
   fi
-  # -I -S: stdlib only, like record(); the venv's interpreter, whose bytecode this is.
-  timeout 60 "$dir/.venv/bin/python" -I -S "$dir/trainer/bytecode.py" restore \
-    "$MD_COMPILE_CACHE" --venv "$dir/.venv" ||
+  # -I -S: stdlib only, like record(); the venv's interpreter, whose bytecode this is. Bounded
+  # inside the phase's deadline: a slow or failed restore costs only the compiles it would save.
+  timeout -k 2 $((TPUPOD_PHASE_DEADLINE * 2 / 3 + 1)) "$dir/.venv/bin/python" -I -S \
+    "$dir/trainer/bytecode.py" restore "$MD_COMPILE_CACHE" --venv "$dir/.venv" ||
     echo "warning: no bytecode restored (exit $?): the trainer's first imports compile from source"
 }
 
@@ -352,7 +353,8 @@ phase() {
   record phase-start "$name"
   log "$name" "begin (deadline ${deadline}s)"
   set +e
-  timeout --kill-after=10 "$deadline" bash -c 'set -euo pipefail; "$@"' "$name" "$fn" 2>&1 |
+  TPUPOD_PHASE_DEADLINE=$deadline timeout --kill-after=10 "$deadline" \
+    bash -c 'set -euo pipefail; "$@"' "$name" "$fn" 2>&1 |
     while IFS= read -r line; do log "$name" "$line"; done |
     tee "$BOOTSTRAP_STATE/$name.out"
   rc=${PIPESTATUS[0]}
@@ -409,7 +411,7 @@ main() {
   local stop_deadline=$((${TPUPOD_STOP_TIMEOUT:-60} + 60))
   phase clear-stale "$stop_deadline" phase_clear_stale
   phase trainer-env "$stop_deadline" phase_trainer_env
-  phase bytecode 90 phase_bytecode
+  phase bytecode 30 phase_bytecode
   phase start-trainer 60 phase_start_trainer 9>&-
   record finish start-trainer "bootstrap complete"
   log finish "bootstrap complete"

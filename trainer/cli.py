@@ -199,6 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if hb is not None:
             hb.stop()
-        from trainer import bytecode
+        from trainer import bytecode_publish
 
-        bytecode.stop_publishing()  # a publisher still running: the next start publishes
+        bytecode_publish.stop_publishing()  # a publisher still running: the next start publishes

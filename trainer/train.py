@@ -11,7 +11,7 @@ import time
 
 import jax
 
-from trainer import bytecode, data, storage
+from trainer import bytecode_publish, data, storage
 from trainer.checkpoint import Checkpoints, Preemption
 from trainer.compile_cache import compile_train_step
 from trainer.config import Config
@@ -144,7 +144,7 @@ def run(
                 report(*pending)
             pending = (step, metrics)
             if step == first_step and pid == 0:  # the path's imports are done: share their bytecode
-                bytecode.publish_soon(compile_cache)
+                bytecode_publish.publish_soon(compile_cache)
             if peak is None:
                 # Probe after the first step, not before it: a (re)start is judged by its time to
                 # the first step. Its metrics are read first, so the device is idle while the probe

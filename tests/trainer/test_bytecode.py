@@ -4,15 +4,17 @@ run from a stale pyc, and a restore writes nothing but new pycs inside the venv.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import marshal
 import os
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
-from trainer import bytecode
+from trainer import bytecode, bytecode_publish
 
 SCRIPT = Path(bytecode.__file__)
 TAG = sys.implementation.cache_tag
@@ -52,10 +54,10 @@ def import_mod(venv: Path) -> tuple[str, bool]:
     return out.stdout.strip(), f"code object from '{pyc}'" in out.stderr
 
 
-def publish(venv: Path, cache: Path) -> subprocess.CompletedProcess:
+def publish(venv: Path, cache: Path, *flags: str) -> subprocess.CompletedProcess:
     """As the trainer's child does it: sources on stdin, the archive beside the compile cache."""
     return subprocess.run(
-        [sys.executable, "-m", "trainer.bytecode", "publish", str(cache), "--venv", str(venv)],
+        [sys.executable, "-m", "trainer.bytecode_publish", str(cache), "--venv", str(venv), *flags],
         input="\n".join(sources(venv)),
         capture_output=True,
         text=True,
@@ -165,15 +167,47 @@ def test_restore_writes_only_new_pycs_inside_the_venv(tmp_path):
     assert not (tmp_path / "outside").exists() and not (venv / "bin").exists()
 
 
-def test_an_unreadable_archive_is_one_line_and_the_boot_goes_on(tmp_path):
+def test_an_unreadable_archive_is_one_line_and_the_next_publish_replaces_it(tmp_path):
     venv, cache = make_venv(tmp_path), tmp_path / "compile-cache"
     archive = Path(bytecode.archive_uri(str(cache), venv))
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"\x1f\x8b not really gzip")
     line = restore(venv, cache)
-    assert line.startswith(f"bytecode: {archive} is unreadable (") and "delete it" in line
-    assert archive.read_bytes() == b"\x1f\x8b not really gzip"  # a cache: left for the user
-    assert json.loads((venv / bytecode.MARKER).read_text())["restored"] == 0
+    assert line.startswith(f"bytecode: {archive} is unreadable (") and "publishes a new" in line
+    marker = json.loads((venv / bytecode.MARKER).read_text())
+    assert marker["found"] is False and marker["unreadable"] is True and marker["restored"] == 0
+    # The trainer's publisher, told so, writes over it (otherwise it leaves an archive alone).
+    assert publish(venv, cache).stderr == ""
+    publish(venv, cache, "--replace")
+    drop_bytecode(venv)
+    (venv / bytecode.MARKER).unlink()
+    assert restore(venv, cache).startswith("bytecode: restored 2 modules")
+
+
+def test_a_pyc_written_in_its_sources_second_is_compiled_again_not_reused(tmp_path):
+    """Python trusts a timestamp pyc on the source's mtime (whole seconds) and size; one written
+    within that same second may predate a same-size rewrite, so the publisher compiles."""
+    venv = make_venv(tmp_path)
+    source = bytecode.site_packages(venv) / "pkg" / "mod.py"
+    pyc = bytecode.site_packages(venv) / "pkg" / "__pycache__" / f"mod.{TAG}.pyc"
+    pyc.parent.mkdir()
+    # Bytecode of an older text of the same size, headed for the current mtime and size.
+    stale = compile("VALUE = 'v0'\n", str(source), "exec")
+    st = source.stat()
+    header = importlib.util.MAGIC_NUMBER + bytes(4)
+    header += (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + st.st_size.to_bytes(
+        4, "little"
+    )
+    pyc.write_bytes(header + marshal.dumps(stale))
+
+    def value(pyc_written_at: float) -> str:
+        os.utime(pyc, (pyc_written_at, pyc_written_at))
+        namespace: dict = {}
+        exec(marshal.loads(bytecode_publish.hash_pyc(str(source))[16:]), namespace)
+        return namespace["VALUE"]
+
+    assert value(int(st.st_mtime) + 0.5) == "v1"  # same second: compiled from the source
+    assert value(int(st.st_mtime) + 5) == "v0"  # later: Python's own pyc, taken as current
 
 
 def test_the_trainer_publishes_its_imports_only_when_its_venv_found_no_archive(
@@ -188,20 +222,20 @@ def test_the_trainer_publishes_its_imports_only_when_its_venv_found_no_archive(
         (pkg / f"{name}.py").write_text(f"NAME = {name!r}\n")
     monkeypatch.syspath_prepend(str(bytecode.site_packages(venv)))
     monkeypatch.setattr(sys, "prefix", str(venv))
-    monkeypatch.setattr(bytecode, "_publisher", None)
+    monkeypatch.setattr(bytecode_publish, "_publisher", None)
     for name in names:
         monkeypatch.delitem(sys.modules, f"pkg.{name}", raising=False)
         __import__(f"pkg.{name}")
     try:
         (venv / bytecode.MARKER).write_text(json.dumps({"found": True, "restored": 1}))
-        bytecode.publish_soon(str(cache))
-        assert bytecode._publisher is None
+        bytecode_publish.publish_soon(str(cache))
+        assert bytecode_publish._publisher is None
         (venv / bytecode.MARKER).write_text(json.dumps({"found": False, "restored": 0}))
-        bytecode.publish_soon(str(cache))
-        bytecode.stop_publishing(timeout=120)
-        assert bytecode._publisher.returncode == 0
+        bytecode_publish.publish_soon(str(cache))
+        bytecode_publish.stop_publishing(timeout=120)
+        assert bytecode_publish._publisher.returncode == 0
     finally:
-        bytecode.stop_publishing()
+        bytecode_publish.stop_publishing()
         for name in ["pkg", *(f"pkg.{n}" for n in names)]:
             sys.modules.pop(name, None)
     with tarfile.open(bytecode.archive_uri(str(cache), venv)) as tar:
