@@ -143,8 +143,8 @@ def restore(venv: Path, cache_uri: str) -> str:
         except (tarfile.TarError, EOFError, zlib.error) as e:
             error = f"{type(e).__name__}: {e}"
     # An unreadable archive counts as none: this venv's trainer publishes a new one over it.
-    marker = {"key": archive_key(venv), "uri": uri, "found": data is not None and not error,
-              "unreadable": bool(error), "restored": restored}  # fmt: skip
+    marker = {"uri": uri, "found": data is not None and not error, "unreadable": bool(error),
+              "restored": restored}  # fmt: skip
     (venv / MARKER).write_text(json.dumps(marker) + "\n")
     if data is None:
         return f"bytecode: none at {uri} yet (the first trainer publishes it)"
