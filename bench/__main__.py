@@ -1,4 +1,4 @@
-"""`uv run python -m bench [all|trainer|checkpoint|recovery|goodput|faults|cost|infra ...]`
+"""`uv run python -m bench [all|trainer|checkpoint|overhead|recovery|goodput|faults|cost|infra ...]`
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
 of its own benchmark and keeps the others'), keeps raw results in bench/out/ and draws the goodput
@@ -41,8 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--record",
         type=Path,
-        help="recovery/goodput/checkpoint: analyse this saved run (bench/out/*-run.json; "
-        "checkpoint: bench/out/checkpoint.json), run nothing",
+        help="recovery/goodput/checkpoint/overhead: analyse this saved run (bench/out/*-run.json; "
+        "checkpoint: bench/out/checkpoint.json; overhead: bench/out/overhead.json), run nothing",
     )
     p.add_argument(
         "--faults", default="notice,kill,crash,hang", help="goodput: fault kinds, in turn"
@@ -73,6 +73,13 @@ def parser() -> argparse.ArgumentParser:
         "--checkpoint-pod",
         action="store_true",
         help="checkpoint: overhead on the 2-worker local pod (none, async), not in one process",
+    )
+    p.add_argument("--overhead-steps", type=int, default=1500, help="overhead: steps per run")
+    p.add_argument(
+        "--overhead-rounds",
+        type=int,
+        default=5,
+        help="overhead: interleaved rounds on the pod (tiny without and with saves every 100 steps)",
     )
     p.add_argument("--count", type=int, default=100, help="faults: how many faults in all")
     p.add_argument("--seed", type=int, default=0, help="faults: seed of the random mix")
@@ -111,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown benchmark {unknown[0]!r}; choose from all, {', '.join(ORDER)}")
     if a.count < 1 or a.per_leg < 1:
         p.error(f"--count {a.count} / --per-leg {a.per_leg}: both must be at least 1")
+    if a.overhead_steps <= 100 or a.overhead_rounds < 1:
+        p.error(f"--overhead-steps {a.overhead_steps} / --overhead-rounds {a.overhead_rounds}: "
+                "a run needs more steps than one interval (100), and at least 1 round")  # fmt: skip
     if a.rounds < 3:
         p.error(f"--rounds {a.rounds}: the recovery goal is a median of at least 3 events a kind")
     console = Console()

@@ -43,7 +43,17 @@ class Figure:
 
 
 # Table order: by benchmark (`python -m bench NAME`), then as written.
-BENCH_ORDER = ("trainer", "gpu", "checkpoint", "infra", "recovery", "goodput", "faults", "cost")
+BENCH_ORDER = (
+    "trainer",
+    "gpu",
+    "checkpoint",
+    "overhead",
+    "infra",
+    "recovery",
+    "goodput",
+    "faults",
+    "cost",
+)
 
 
 def _rank(bench: str) -> int:

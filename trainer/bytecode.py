@@ -56,6 +56,21 @@ def read_marker(venv: Path) -> dict:
     return marker if isinstance(marker, dict) else {}
 
 
+def mark_published(venv: Path) -> None:
+    """The archive for this venv is in the bucket now: later trainer starts in it (in-place
+    restarts) skip the publisher, which would only import its storage layer to find that out."""
+    marker = read_marker(venv)
+    if not marker:
+        return
+    try:  # a saving only: a venv it cannot write to keeps publishing (and finding it there)
+        fd, tmp = tempfile.mkstemp(dir=venv, prefix=f"{MARKER}.")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({**marker, "published": True}) + "\n")
+        os.replace(tmp, venv / MARKER)
+    except OSError:
+        pass
+
+
 def _gcs_get(uri: str, timeout: float) -> bytes | None:
     import urllib.error
     import urllib.parse

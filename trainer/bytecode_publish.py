@@ -21,7 +21,7 @@ import tarfile
 import threading
 from pathlib import Path
 
-from trainer.bytecode import archive_uri, read_marker, site_packages
+from trainer.bytecode import archive_uri, mark_published, read_marker, site_packages
 
 _CHECKED_HASH = (0b11).to_bytes(4, "little")  # PEP 552 flags: hash-based, check the source
 _publisher: subprocess.Popen | None = None
@@ -107,7 +107,7 @@ def publish_soon(cache_uri: str | None) -> None:
     if cache_uri is None or _publisher is not None:
         return
     marker = read_marker(venv)
-    if marker.get("found") is not False:
+    if marker.get("found") is not False or marker.get("published"):
         return
     sources = imported_sources(venv)
     if not sources:
@@ -161,10 +161,12 @@ def _publish_main(cache_uri: str, venv: Path, replace: bool) -> int:
 
     uri = archive_uri(cache_uri, venv)
     if not replace and storage.exists(uri):
+        mark_published(venv)
         return 0
     data, count = build_archive(venv, sources, trainer_alive)
     if count and trainer_alive():
         storage.write_bytes(uri, data)
+        mark_published(venv)
         print(f"bytecode: published {count} modules ({len(data) / 1e6:.1f} MB) to {uri}",
               file=sys.stderr, flush=True)  # fmt: skip
     return 0

@@ -122,7 +122,18 @@ def test_analyses_on_synthetic_run():
         assert fast[0].met is met and fast[1].met is met
     overhead = next(f for f in figs if f.name.startswith("checkpoint overhead, tiny every 5"))
     # the 1.05 goal holds for tiny at checkpoint_every=100, not at 5: shown, not judged
-    assert overhead.met is None and overhead.goal == ""
+    assert overhead.met is None and overhead.goal == "" and "bench overhead" not in overhead.note
+    # at 100 it is still not judged here (one reference each, minutes apart): `bench overhead`
+    at_goal = {
+        **g,
+        "period_s": 300.0,
+        "trainer_args": g["trainer_args"] + " --set checkpoint_every=100",
+    }
+    row = next(
+        f for f in goodput_bench.figures(at_goal) if f.name.startswith("checkpoint overhead")
+    )
+    assert row.name.startswith("checkpoint overhead, tiny every 100 steps") and row.met is None
+    assert "(<= 1.05) is judged by `bench overhead`" in row.note
     judged = [f for f in figs if f.goal]
     assert judged and all(f.met is not None for f in judged), [f.name for f in judged]
     kill = next(f for f in figs if f.name.startswith("steps lost, no-notice kill"))
@@ -318,3 +329,32 @@ def test_checkpoint_record_rejudges_the_saved_run_with_its_date(tmp_path):
     figs = checkpoint_record_figs(record)
     assert figs[0].met is False and figs[0].value == 1.05  # judged again, by today's code
     assert figs[-1].met is True and all("run ended" in f.machine for f in figs)
+
+
+def test_overhead_record_writes_its_own_rows_beside_the_checkpoint_benchs(tmp_path):
+    from bench.__main__ import main
+
+    run = {"config": "tiny", "steps": 1500, "checkpoint_every": 100, "repeats": 2,
+           "where": "pod, 2 workers, GCS emulator",
+           "loop_median_s": {"none": 100.0, "async": 104.0}, "cpu_s": {"none": [None] * 2},
+           "async_over_none_each": [1.03, 1.05], "async_over_none": 1.04,
+           "goal_async_over_none": 1.05,
+           "sigterm_to_exit_s": 0.6, "sigterm_exit_code": 75, "sigterm_step": 3}  # fmt: skip
+    record, out = tmp_path / "overhead.json", tmp_path / "BENCHMARKS.md"
+    record.write_text(json.dumps(run))
+    checkpoint_row = {"name": "checkpoint overhead, async (small, 50 steps, every 25)",
+                      "value": 0.98, "bench": "checkpoint"}  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps([checkpoint_row]))
+    assert main(["overhead", "--record", str(record), "--out", str(out)]) == 0
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert [(r["bench"], r["name"].split(" (")[0]) for r in rows] == [
+        ("checkpoint", "checkpoint overhead, async"),  # kept: another benchmark's row
+        ("overhead", "checkpoint overhead, async"),
+        ("overhead", "SIGTERM -> committed exit"),
+    ]
+    tiny = rows[1]
+    assert tiny["name"] == "checkpoint overhead, async (tiny, 1500 steps, every 100)"
+    assert (tiny["met"], tiny["goal"], tiny["n"]) == (True, "<= 1.05", 2)
+    assert "run ended" in tiny["machine"]
+    with pytest.raises(SystemExit):  # fewer steps than one interval: one line, exit 2
+        main(["overhead", "--overhead-steps", "100"])

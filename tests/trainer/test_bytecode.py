@@ -117,8 +117,12 @@ def test_publish_leaves_an_existing_archive_alone(tmp_path):
     publish(venv, cache)
     archive = Path(bytecode.archive_uri(str(cache), venv))
     before = archive.stat().st_mtime_ns
+    (venv / bytecode.MARKER).write_text(json.dumps({"found": False, "restored": 0}))
     assert publish(venv, cache).stderr == ""
     assert archive.stat().st_mtime_ns == before
+    # found there: marked, so this venv's later trainers do not look again
+    assert json.loads((venv / bytecode.MARKER).read_text()) == {
+        "found": False, "restored": 0, "published": True}  # fmt: skip
 
 
 def test_no_archive_yet_is_recorded_and_the_key_follows_the_environment(tmp_path):
@@ -234,6 +238,11 @@ def test_the_trainer_publishes_its_imports_only_when_its_venv_found_no_archive(
         bytecode_publish.publish_soon(str(cache))
         bytecode_publish.stop_publishing(timeout=120)
         assert bytecode_publish._publisher.returncode == 0
+        # Published: the marker says so, and the next start in this venv starts no publisher.
+        assert json.loads((venv / bytecode.MARKER).read_text())["published"] is True
+        monkeypatch.setattr(bytecode_publish, "_publisher", None)
+        bytecode_publish.publish_soon(str(cache))
+        assert bytecode_publish._publisher is None
     finally:
         bytecode_publish.stop_publishing()
         for name in ["pkg", *(f"pkg.{n}" for n in names)]:
