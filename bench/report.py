@@ -34,7 +34,10 @@ class Figure:
     bench: str = ""  # the benchmark that wrote the row (`python -m bench NAME`)
 
     def row(self) -> str:
-        value = f"{self.value:.4g}" if isinstance(self.value, float) else str(self.value)
+        if isinstance(self.value, float):  # a ratio keeps its 3 decimals: 1.000 x, not 1 x
+            value = f"{self.value:.3f}" if self.unit == "x" else f"{self.value:.4g}"
+        else:
+            value = str(self.value)
         met = {True: "yes", False: "no", None: ""}[self.met]
         n = "" if self.n is None else str(self.n)
         cells = [self.name, f"{value} {self.unit}".strip(), n, self.spread, self.goal, met,
