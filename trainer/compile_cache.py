@@ -1,4 +1,5 @@
-"""The train step's compiled program, kept per process beside the workdir, used only by agreement.
+"""Compiled programs (the train step; a fresh state's init), kept per process beside the workdir,
+used only by agreement.
 
 Why not JAX's persistent compilation cache: it writes entries from process 0 alone, and on CPU the
 other processes' keys differ, so after a restart process 0 would load a cached program while
@@ -54,8 +55,8 @@ def entry_key(lowered, devices) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def entry_uri(cache_uri: str, key: str) -> str:
-    return storage.join(cache_uri, f"train-step-{key[:40]}-p{jax.process_index()}.xla")
+def entry_uri(cache_uri: str, key: str, program: str = "train-step") -> str:
+    return storage.join(cache_uri, f"{program}-{key[:40]}-p{jax.process_index()}.xla")
 
 
 def _one_line(err: Exception) -> str:
@@ -101,11 +102,15 @@ def _save(uri: str, executable) -> str | None:
         return _one_line(e)
 
 
-def compile_train_step(lowered, devices, cache_uri: str | None) -> Compiled:
-    """The lowered train step compiled, or every process's cached executable if all have one."""
+def compile_program(
+    lowered, devices, cache_uri: str | None, program: str = "train-step"
+) -> Compiled:
+    """The lowered program compiled, or every process's cached executable if all have one.
+    `program` names its entries: "train-step" on every start, "init" on a start with no
+    checkpoint to restore (a fresh state's random init compiles for seconds, like the step)."""
     if not cache_uri:
         return Compiled(lowered.compile(), False, "cache off", 0.0)
-    uri = entry_uri(cache_uri, entry_key(lowered, devices))
+    uri = entry_uri(cache_uri, entry_key(lowered, devices), program)
     t0 = time.perf_counter()
     loaded, why = _load(uri, lowered)
     load_s = time.perf_counter() - t0 if loaded is not None else 0.0

@@ -13,7 +13,7 @@ import jax
 
 from trainer import bytecode_publish, data, storage
 from trainer.checkpoint import Checkpoints, Preemption
-from trainer.compile_cache import compile_train_step
+from trainer.compile_cache import compile_program
 from trainer.config import Config
 from trainer.metrics import Heartbeat, MetricsLog
 from trainer.model import count_params, flops_per_token
@@ -77,8 +77,12 @@ def run(
         restore_s = round(time.perf_counter() - t_restore, 3)  # listing, checks, every read
         log.event("restored", step=restored_from, directory=checkpoints.directory,
                   seconds=restore_s)  # fmt: skip
-    else:
-        state = setup.init_state(cfg.seed)
+    else:  # a fresh state; its init program, like the step's, comes from the cache when it can
+        t_init = time.perf_counter()
+        init = compile_program(setup.lower_init(), mesh.devices.flat, compile_cache, "init")
+        state = setup.init_state(cfg.seed, init.executable)
+        log.event("initialised", seconds=round(time.perf_counter() - t_init, 3),
+                  compile_cache_hit=init.hit, compile_cache=init.why)  # fmt: skip
     step = int(jax.device_get(state["step"]))
     hb.update(
         state=TrainerState.COMPILING,
@@ -89,7 +93,7 @@ def run(
 
     # 3. Compile the train step, or load it when every process kept it from a previous start.
     t0 = time.perf_counter()
-    compiled = compile_train_step(setup.lower_train_step(), mesh.devices.flat, compile_cache)
+    compiled = compile_program(setup.lower_train_step(), mesh.devices.flat, compile_cache)
     train_step, cache_hit = compiled.executable, compiled.hit
     log.event("compiled", seconds=round(time.perf_counter() - t0, 3), compile_cache_hit=cache_hit,
               compile_cache=compiled.why, cache_load_s=round(compiled.load_s, 3))  # fmt: skip

@@ -41,13 +41,14 @@ def _compiled(proc) -> dict:
 
 
 def test_two_processes_match_one_resume_exactly_and_share_the_compile_cache(spawn, tmp_path):
+    # One process x 4 devices and the first 2-process start run side by side: independent
+    # runs (own workdirs and caches), and a 2-core machine idles in each one's start-up.
     one = spawn(["--config", "tiny", "--workdir", tmp_path / "one", "--steps", STEPS],
                 tmp_path, "one", devices=4)  # fmt: skip
-    assert one.wait() == 0, one.stderr
-    ref_one = summary(tmp_path / "one")
-
     cache = tmp_path / "cache"
     pod = _pod(spawn, tmp_path, tmp_path / "two", "two", cache)
+    assert one.wait() == 0, one.stderr
+    ref_one = summary(tmp_path / "one")
     _wait_all(pod, 0)
     ref_two = summary(tmp_path / "two")
     assert ref_two["processes"] == 2 and ref_two["devices"] == 4
@@ -57,11 +58,14 @@ def test_two_processes_match_one_resume_exactly_and_share_the_compile_cache(spaw
     rel = abs(ref_one["params_norm"] - ref_two["params_norm"]) / ref_one["params_norm"]
     assert rel < 1e-5, (ref_one, ref_two)
     assert abs(ref_one["final_loss"] - ref_two["final_loss"]) < 1e-4
-    # The first start compiled and kept one entry per process.
+    # The first start compiled and kept one entry per process, of its step and of its init.
     assert ref_two["compile_cache_hit"] is False
     assert _compiled(pod[0])["compile_cache"].startswith("compiled")
-    entries = sorted((p.name for p in cache.iterdir()), key=lambda name: name.rsplit("-", 1)[1])
-    assert [e.rsplit("-", 1)[1] for e in entries] == ["p0.xla", "p1.xla"], entries
+    kept = sorted(p.name for p in cache.iterdir())
+    assert [e.split("-")[0] + "-" + e.rsplit("-", 1)[1] for e in kept] == [
+        "init-p0.xla", "init-p1.xla", "train-p0.xla", "train-p1.xla"], kept  # fmt: skip
+    entries = sorted((e for e in kept if e.startswith("train-step-")),
+                     key=lambda name: name.rsplit("-", 1)[1])  # fmt: skip
 
     # Second start, on the cached programs: SIGTERM to process 1 only; both agree on the step,
     # save it, exit 75.
@@ -86,7 +90,7 @@ def test_two_processes_match_one_resume_exactly_and_share_the_compile_cache(spaw
     assert [s.restored_from for s in statuses] == [stopped, stopped]
     assert [s.compile_cache_hit for s in statuses] == [False, False]
     assert "processes [1] had no usable entry" in _compiled(pod[0])["compile_cache"]
-    assert sorted(p.name for p in cache.iterdir()) == sorted(entries)  # written again
+    assert sorted(p.name for p in cache.iterdir()) == kept  # written again
     assert summary(wd)["params_fingerprint"] == ref_two["params_fingerprint"]
 
     # A different process count cannot restore the data state: one line, exit 2.

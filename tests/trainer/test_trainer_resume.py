@@ -34,6 +34,9 @@ def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
     wd, status_file = tmp_path / "term", tmp_path / "term.status"
     args = [*base, "--workdir", wd, "--status-file", status_file]
     t = spawn(args, tmp_path, "term1")
+    t.wait_for(lambda: any(r.get("event") == "initialised" for r in t.lines()), what="init")
+    init = next(r for r in t.lines() if r.get("event") == "initialised")
+    assert init["compile_cache_hit"] is True, init  # the ref run's init program, loaded
     k = random.randint(2, 12)
     t.wait_for(lambda: t.last_step() >= k, what=f"step {k}")
     t.signal(signal.SIGTERM)
