@@ -71,8 +71,8 @@ def overhead_figs(a, console) -> list[Figure]:
     from bench import checkpoint_bench
 
     if a.record:
-        r = json.loads(Path(a.record).read_text())
-        return measured_at(checkpoint_bench.figures(r), Path(a.record).stat().st_mtime, "run ended")
+        r = json.loads(a.record.read_text())
+        return measured_at(checkpoint_bench.figures(r), a.record.stat().st_mtime, "run ended")
     r = checkpoint_bench.run(OVERHEAD_CONFIG, a.overhead_steps, repeats=a.overhead_rounds,
                              pod=True, console=console)  # fmt: skip
     save("overhead", r)

@@ -105,21 +105,19 @@ class Setup:
             "rng": jax.random.key_data(state_rng),
         }
 
-    def _init_jit(self):
-        return jax.jit(
+    def lower_init(self):
+        """The program that creates a fresh state directly in its shardings, lowered (it depends
+        on the seed's shape only, not its value): compiled or loaded by trainer.compile_cache."""
+        init = jax.jit(
             lambda rng: nn.meta.unbox(self._init_boxed(rng)), out_shardings=self.state_shardings
         )
-
-    def lower_init(self):
-        """The init program lowered (it depends on the seed's shape only, not its value)."""
         with self.mesh:
-            return self._init_jit().lower(jax.random.key_data(jax.random.key(0)))
+            return init.lower(jax.random.key_data(jax.random.key(0)))
 
-    def init_state(self, seed: int, compiled=None):
-        """A fresh state, created directly in its shardings; `compiled`: lower_init's program,
-        compiled or loaded from the compile cache (else compiled here)."""
+    def init_state(self, seed: int, compiled):
+        """A fresh state from `compiled`, lower_init's program."""
         with self.mesh:
-            return (compiled or self._init_jit())(jax.random.key_data(jax.random.key(seed)))
+            return compiled(jax.random.key_data(jax.random.key(seed)))
 
     def _train_step(self, state, batch):
         inputs, targets = batch[:, :-1], batch[:, 1:]

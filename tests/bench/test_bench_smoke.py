@@ -356,5 +356,6 @@ def test_overhead_record_writes_its_own_rows_beside_the_checkpoint_benchs(tmp_pa
     assert tiny["name"] == "checkpoint overhead, async (tiny, 1500 steps, every 100)"
     assert (tiny["met"], tiny["goal"], tiny["n"]) == (True, "<= 1.05", 2)
     assert "run ended" in tiny["machine"]
-    with pytest.raises(SystemExit):  # fewer steps than one interval: one line, exit 2
+    with pytest.raises(SystemExit) as refused:  # fewer steps than one interval: one line, exit 2
         main(["overhead", "--overhead-steps", "100"])
+    assert refused.value.code == 2
