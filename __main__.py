@@ -15,7 +15,8 @@ from infra.network import Network, NetworkArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
 from infra.watcher import Watcher, WatcherArgs
 
-config = load()  # RunError on any bad key, before a single resource exists
+config = load()  # RunError on any bad key (a bad job directory too), before any resource exists
+job = config.job_definition()
 accelerator = config.accelerator
 tpu_name = naming.tpu_name(config)
 bucket_name = naming.bucket_name(config)
@@ -52,15 +53,17 @@ identity = WorkerIdentity(
         bucket=bucket.name,
         stack=config.stack,
         read_data=config.data_in_stack_bucket,
+        secrets=tuple(sorted(set(job.spec.secrets.values()))),
     ),
 )
-code = CodeBundle("code", CodeBundleArgs(bucket=bucket.name))
+code = CodeBundle("code", CodeBundleArgs(bucket=bucket.name, job=job))
 worker_metadata = metadata.worker_metadata(
     bucket=bucket_name,
     bundle_object=code.object_name,
     bundle_sha256=code.bundle.sha256,
     stack=config.stack,
-    trainer_args=config.trainer_command_args,
+    job_json=job.spec.to_json(),
+    run_id=config.run_id,
     uv_group="tpu",
     coordinator_port=config.coordinator_port,
 )
@@ -121,7 +124,8 @@ pulumi.export("worker_internal_ips", tpu.worker_internal_ips)
 if config.enable_external_ips:
     pulumi.export("worker_external_ips", tpu.worker_external_ips)
 pulumi.export("bucket_url", bucket.url)
-pulumi.export("checkpoint_uri", worker_metadata[metadata.RUN_PREFIX])
+pulumi.export("run_id", config.run_id)
+pulumi.export("run_dir", worker_metadata[metadata.RUN_DIR])
 pulumi.export("bundle_uri", code.uri)
 pulumi.export("service_account_email", identity.email)
 pulumi.export(

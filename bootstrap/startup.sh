@@ -8,11 +8,13 @@
 #   uv            install a pinned uv if absent; let uv provide Python >= 3.11
 #   bundle        fetch the code bundle by sha256 into bundles/<sha>, verified, atomically
 #   sync          uv sync --locked for this worker's group, persistent uv cache
-#   clear-stale   stop a trainer left on older code, clear libtpu locks
-#   trainer-env   write trainer.env (coordinator, process count/id, workdir, caches, args)
-#   bytecode      a new venv gets the bytecode its trainer's imports need from the bucket, if
-#                 a trainer published it (trainer/bytecode.py); a cache: never fails the boot
-#   start-trainer trainerctl.sh start (systemd unit, or setsid + pidfile); a no-op while it runs
+#   job-python    the job's own environment (`python: uv` or `requirements`), cached by the hash of
+#                 its lock or requirements; `python: none` runs in the bundle's environment
+#   clear-stale   stop a job left on older code, clear libtpu locks
+#   job-env       write job.json (the spec), job.env (the job contract's variables), job.attempt
+#   bytecode      a new venv gets the bytecode the built-in trainer's imports need from the
+#                 bucket, if one published it (trainer/bytecode.py); a cache: never fails the boot
+#   start-job     jobctl.sh start (systemd unit, or setsid + pidfile); a no-op while it runs
 # A failing phase marks bootstrap.json failed with its name and why, and the script exits non-zero.
 set -euo pipefail
 
@@ -124,9 +126,9 @@ phase_metadata() {
   for spec in MD_WORKER:agent-worker-number:1 MD_ENDPOINTS:worker-network-endpoints:1 \
     MD_BUCKET:tpupod-bucket:1 MD_BUNDLE_OBJECT:tpupod-bundle-object:1 \
     MD_BUNDLE_SHA256:tpupod-bundle-sha256:1 MD_STACK:tpupod-stack:1 \
-    MD_RUN_PREFIX:tpupod-run-prefix:1 MD_COMPILE_CACHE:tpupod-compile-cache:0 \
-    MD_TRAINER_ARGS:tpupod-trainer-args:0 MD_UV_GROUP:tpupod-uv-group:0 \
-    MD_COORDINATOR_PORT:tpupod-coordinator-port:0; do
+    MD_JOB:tpupod-job:1 MD_RUN_ID:tpupod-run-id:1 MD_RUN_DIR:tpupod-run-dir:1 \
+    MD_ATTEMPT:tpupod-attempt:0 MD_COMPILE_CACHE:tpupod-compile-cache:0 \
+    MD_UV_GROUP:tpupod-uv-group:0 MD_COORDINATOR_PORT:tpupod-coordinator-port:0; do
     IFS=: read -r var key required <<<"$spec"
     if value=$(attr "$key"); then
       [ -n "$value" ] || [ "$required" = 0 ] || die "metadata key $key is empty"
@@ -142,7 +144,8 @@ phase_metadata() {
   . "$out"
   [[ "$MD_WORKER" =~ ^[0-9]+$ ]] || die "agent-worker-number is not a number: $MD_WORKER"
   [[ "$MD_BUNDLE_SHA256" =~ ^[0-9a-f]{64}$ ]] || die "tpupod-bundle-sha256 is not a sha256: $MD_BUNDLE_SHA256"
-  echo "worker $MD_WORKER of stack $MD_STACK, bundle $MD_BUNDLE_SHA256"
+  [[ "$MD_ATTEMPT" =~ ^[0-9]*$ ]] || die "tpupod-attempt is not a number: $MD_ATTEMPT"
+  echo "worker $MD_WORKER of stack $MD_STACK, run $MD_RUN_ID, bundle $MD_BUNDLE_SHA256"
 }
 
 # True when uv's version ($1) is at least the pinned one.
@@ -256,14 +259,53 @@ phase_sync() {
   echo "environment ready: $dir/.venv"
 }
 
+# job_field NAME: one field of the job's spec (the tpupod-job metadata, JSON) as text.
+job_field() {
+  python3 -I -S -c 'import json, os, sys; v = json.loads(os.environ["MD_JOB"]).get(sys.argv[1])
+print("" if v is None else v)' "$1"
+}
+
+phase_job_python() {
+  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256" mode hash env
+  mode=$(job_field python)
+  case "$mode" in
+  none)
+    echo "$dir/.venv" >"$TPUPOD_ROOT/job.venv"
+    echo "python: none: the job runs in the bundle's environment ($dir/.venv)"
+    return 0
+    ;;
+  uv) hash=$(cat "$dir/job/pyproject.toml" "$dir/job/uv.lock" | sha256sum | cut -c1-16) ;;
+  requirements) hash=$(sha256sum <"$dir/job/requirements.txt" | cut -c1-16) ;;
+  *) die "tpupod-job: unknown python mode ${mode:-(none given)}" ;;
+  esac
+  env="$TPUPOD_ROOT/envs/$mode-$hash"
+  if [ -f "$env/.tpupod-env" ]; then
+    echo "python: $mode environment $env already built"
+  else
+    rm -rf "$env.tmp"
+    mkdir -p "$TPUPOD_ROOT/envs" "$UV_CACHE_DIR"
+    if [ "$mode" = uv ]; then # the job's own lock; the project itself runs from job/
+      (cd "$dir/job" && UV_PROJECT_ENVIRONMENT="$env.tmp" uv sync --locked --no-install-project)
+    else
+      (cd "$dir/job" && uv venv --quiet "$env.tmp" &&
+        uv pip install --python "$env.tmp/bin/python" -r requirements.txt)
+    fi
+    echo "$hash" >"$env.tmp/.tpupod-env"
+    rm -rf "$env"
+    mv -T "$env.tmp" "$env"
+    echo "python: $mode environment built in $env"
+  fi
+  echo "$env" >"$TPUPOD_ROOT/job.venv"
+}
+
 phase_clear_stale() {
-  local ctl="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256/bootstrap/trainerctl.sh" running
+  local ctl="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256/bootstrap/jobctl.sh" running
   if running=$("$ctl" bundle); then
     if [ "$running" = "$MD_BUNDLE_SHA256" ]; then
-      echo "the trainer on this bundle is running: leaving it"
+      echo "the job on this bundle is running: leaving it"
       return 0
     fi
-    echo "trainer runs bundle ${running:-?}, want $MD_BUNDLE_SHA256: stopping it"
+    echo "job runs bundle ${running:-?}, want $MD_BUNDLE_SHA256: stopping it"
     "$ctl" stop
   fi
   "$ctl" clear-locks
@@ -278,39 +320,53 @@ phase_clear_stale() {
     fi
   done < <(find "$TPUPOD_ROOT/bundles" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' \
     -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)
-  echo "no trainer running, locks clear"
+  echo "no job running, locks clear"
 }
 
-phase_trainer_env() {
-  local env="$TPUPOD_ROOT/trainer.env" coordinator_ip count
+phase_job_env() {
+  local env="$TPUPOD_ROOT/job.env" coordinator_ip count grace attempt=1
   coordinator_ip=$(cut -d, -f1 <<<"$MD_ENDPOINTS" | awk -F: '{print $NF}')
   count=$(tr ',' '\n' <<<"$MD_ENDPOINTS" | grep -c .)
   [ -n "$coordinator_ip" ] || die "worker-network-endpoints has no address: $MD_ENDPOINTS"
+  grace=$(job_field grace_s)
+  # The job contract (README, "Bring your own program"): the same names on GCP and the local pod.
   {
-    echo "TPUPOD_COORDINATOR=$coordinator_ip:${MD_COORDINATOR_PORT:-8482}"
-    echo "TPUPOD_NUM_PROCESSES=$count"
+    echo "TPUPOD_RUN_ID=$MD_RUN_ID"
     echo "TPUPOD_PROCESS_ID=$MD_WORKER"
-    echo "TPUPOD_WORKDIR=$MD_RUN_PREFIX"
-    echo "TPUPOD_COMPILE_CACHE=$MD_COMPILE_CACHE"
+    echo "TPUPOD_NUM_PROCESSES=$count"
+    echo "JAX_COORDINATOR_ADDRESS=$coordinator_ip:${MD_COORDINATOR_PORT:-8482}"
+    echo "TPUPOD_RUN_DIR=$MD_RUN_DIR"
+    echo "TPUPOD_CHECKPOINT_DIR=$MD_RUN_DIR/checkpoints"
     echo "TPUPOD_STATUS_FILE=$TPUPOD_ROOT/status.json"
-    echo "TPUPOD_TRAINER_ARGS=$MD_TRAINER_ARGS"
+    echo "TPUPOD_GRACE_S=$grace"
+    echo "TPUPOD_COMPILE_CACHE=${MD_COMPILE_CACHE:-off}"
+    echo "GCE_METADATA_HOST=$GCE_METADATA_HOST"
     # Storage emulator access (local pod) travels through the standard variables only.
     # So is the local pod's CPU device layout; none of these is set on GCP.
     for var in STORAGE_EMULATOR_HOST TENSORSTORE_GCS_HTTP_URL \
       GOOGLE_AUTH_TOKEN_FOR_TESTING FSSPEC_GCS_TOKEN NO_GCE_CHECK \
-      GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT JAX_PLATFORMS XLA_FLAGS TPUPOD_INIT_TIMEOUT; do
+      GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT JAX_PLATFORMS XLA_FLAGS TPUPOD_INIT_TIMEOUT \
+      TPUPOD_SECRETMANAGER_ENDPOINT; do
       if [ -n "${!var:-}" ]; then echo "$var=${!var}"; fi
     done
   } >"$env.tmp"
-  if [ -f "$env" ] && ! cmp -s "$env" "$env.tmp" &&
-    "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" status >/dev/null 2>&1; then
-    echo "trainer environment changed: stopping the trainer started with the old one"
-    "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" stop
-    "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" clear-locks
+  printf '%s\n' "$MD_JOB" >"$TPUPOD_ROOT/job.json.tmp"
+  if [ -f "$env" ] && ! { cmp -s "$env" "$env.tmp" && cmp -s "$TPUPOD_ROOT/job.json" \
+    "$TPUPOD_ROOT/job.json.tmp"; } && "$TPUPOD_ROOT/current/bootstrap/jobctl.sh" status >/dev/null 2>&1; then
+    echo "job environment changed: stopping the job started with the old one"
+    "$TPUPOD_ROOT/current/bootstrap/jobctl.sh" stop
+    "$TPUPOD_ROOT/current/bootstrap/jobctl.sh" clear-locks
   fi
   mv "$env.tmp" "$env"
+  mv "$TPUPOD_ROOT/job.json.tmp" "$TPUPOD_ROOT/job.json"
+  # The attempt a recovery created this node for; never lower than the one this disk ran.
+  [ -z "$MD_ATTEMPT" ] || attempt=$MD_ATTEMPT
+  if [ -f "$TPUPOD_ROOT/job.attempt" ] && [ "$(cat "$TPUPOD_ROOT/job.attempt")" -gt "$attempt" ]; then
+    attempt=$(cat "$TPUPOD_ROOT/job.attempt")
+  fi
+  echo "$attempt" >"$TPUPOD_ROOT/job.attempt"
   cat "$env"
-  echo "wrote $env"
+  echo "wrote $env (attempt $attempt)"
 }
 
 phase_bytecode() {
@@ -326,18 +382,18 @@ phase_bytecode() {
     echo "warning: no bytecode restored (exit $?): the trainer's first imports compile from source"
 }
 
-phase_start_trainer() {
-  # Exit 3: the trainer ran and exited at once. The slice is fine and the launch is done; the
-  # watcher judges trainer.exit as the trainer's failure (a restart, not a re-created slice).
+phase_start_job() {
+  # Exit 3: the job ran and exited at once. The slice is fine and the launch is done; the
+  # watcher judges job.exit as the job's failure (a restart, not a re-created slice).
   local rc=0
-  "$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" start || rc=$?
+  "$TPUPOD_ROOT/current/bootstrap/jobctl.sh" start || rc=$?
   [ "$rc" -ne 3 ] || return 0
   return "$rc"
 }
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv phase_metadata \
-  phase_uv phase_bundle phase_sync phase_clear_stale phase_trainer_env phase_bytecode \
-  phase_start_trainer
+  phase_uv phase_bundle phase_sync job_field phase_job_python phase_clear_stale phase_job_env \
+  phase_bytecode phase_start_job
 
 # ---------------------------------------------------------------------------------------------
 # The phase runner
@@ -386,7 +442,7 @@ main() {
   chmod 0700 "$BOOTSTRAP_STATE"
   # Never inside some project directory: uv would find it.
   cd "$TPUPOD_ROOT"
-  # One bootstrap at a time per worker (fd 9 is closed for the trainer in start-trainer).
+  # One bootstrap at a time per worker (fd 9 is closed for the job in start-job).
   exec 9>"$BOOTSTRAP_STATE/lock"
   if ! flock -n 9; then
     log start "another bootstrap is running; waiting for it"
@@ -404,16 +460,18 @@ main() {
   phase uv 300 phase_uv
   phase bundle 600 phase_bundle
   phase sync 1800 phase_sync
+  phase job-python 1800 phase_job_python
   # The bundle is complete and synced: make it the active one.
   ln -sfn "bundles/$MD_BUNDLE_SHA256" "$TPUPOD_ROOT/current.tmp"
   mv -T "$TPUPOD_ROOT/current.tmp" "$TPUPOD_ROOT/current"
-  # Both may stop a trainer: longer than trainerctl's stop timeout.
-  local stop_deadline=$((${TPUPOD_STOP_TIMEOUT:-60} + 60))
+  # Both may stop a job: longer than its grace (jobctl's stop timeout).
+  local stop_deadline
+  stop_deadline=$((${TPUPOD_STOP_TIMEOUT:-$(job_field grace_s)} + 60))
   phase clear-stale "$stop_deadline" phase_clear_stale
-  phase trainer-env "$stop_deadline" phase_trainer_env
+  phase job-env "$stop_deadline" phase_job_env
   phase bytecode 30 phase_bytecode
-  phase start-trainer 60 phase_start_trainer 9>&-
-  record finish start-trainer "bootstrap complete"
+  phase start-job 60 phase_start_job 9>&-
+  record finish start-job "bootstrap complete"
   log finish "bootstrap complete"
 }
 

@@ -1,7 +1,8 @@
-"""The code bundle: one deterministic archive of what a worker needs.
+"""The code bundle: one deterministic archive of what a worker needs, the job's directory included.
 
 Used by both the Pulumi program (uploaded as a bucket object) and the local pod, so the bytes a
-worker fetches are the same everywhere. Same inputs -> same bytes, whatever the file times.
+worker fetches are the same everywhere. Same inputs -> same bytes, whatever the file times. The
+job's files go under `job/` (its `run` runs there); tpupod's own code beside it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.job import Job, builtin
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The watcher VM runs `python -m ops` from the same bundle, which imports infra and localpod.
 BUNDLE_PATHS = (
     "trainer", "bootstrap", "ops", "infra", "localpod",
     "pyproject.toml", "uv.lock", ".python-version", "README.md",
 )  # fmt: skip
+JOB_DIR = "job"  # where the job's directory lands in the bundle
 _SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}
 
@@ -50,15 +54,20 @@ def _files(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
 
-def build_bundle(root: Path = PROJECT_ROOT) -> Bundle:
-    """A gzip'd tar with fixed owners, modes and times, files in sorted order."""
+def build_bundle(root: Path = PROJECT_ROOT, job: Job | None = None) -> Bundle:
+    """A gzip'd tar with fixed owners, modes and times, files in sorted order; `job` (default:
+    the built-in trainer's) under `job/`."""
+    job = job or builtin()
+    entries = [(p.relative_to(root).as_posix(), p.read_bytes(), bool(p.stat().st_mode & 0o111))
+               for p in _files(root)]  # fmt: skip
+    entries += [(f"{JOB_DIR}/{name}", data, name in job.executables)
+                for name, data in sorted(job.files.items())]  # fmt: skip
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in _files(root):
-            info = tarfile.TarInfo(path.relative_to(root).as_posix())
-            content = path.read_bytes()
+        for name, content, executable in entries:
+            info = tarfile.TarInfo(name)
             info.size = len(content)
-            info.mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+            info.mode = 0o755 if executable else 0o644
             info.mtime = 0
             info.uid = info.gid = 0
             info.uname = info.gname = ""

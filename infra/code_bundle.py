@@ -14,6 +14,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.bundle_archive import PROJECT_ROOT, Bundle, build_bundle
+from infra.job import Job
 
 # Where the archive waits for the engine to upload it (the Pulumi engine reads a FileAsset later).
 CACHE_DIR = PROJECT_ROOT / ".tpupod" / "bundles"
@@ -22,6 +23,7 @@ CACHE_DIR = PROJECT_ROOT / ".tpupod" / "bundles"
 @dataclass(frozen=True)
 class CodeBundleArgs:
     bucket: pulumi.Input[str]
+    job: Job  # its directory ships in the bundle (job/)
     root: Path = PROJECT_ROOT
 
 
@@ -32,7 +34,7 @@ class CodeBundle(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: CodeBundleArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpupod:infra:CodeBundle", name, None, opts)
-        self.bundle = build_bundle(args.root)
+        self.bundle = build_bundle(args.root, args.job)
         self.object_name = self.bundle.object_name
         obj = gcp.storage.BucketObject(
             f"{name}-object",

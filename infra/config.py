@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra import catalog, exposure
+from infra import job as jobs
 from infra.config_checks import (
     NAMESPACE,
     ConfigError,
@@ -35,6 +37,7 @@ DATA_PREFIX = "data/"  # where a stack's own bucket keeps prepared data (infra.i
 # loop that polls one API and a few SSH sessions; e2-small is the default.
 WATCHER_MACHINE_TYPES = ("e2-micro", "e2-small", "e2-medium", "e2-standard-2", "n2-standard-2",
                          "n2d-standard-2", "t2d-standard-1")  # fmt: skip
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # `tpupod:job` paths are relative to it
 _BOOLS = {"true": True, "false": False, True: True, False: False}
 
 
@@ -49,6 +52,10 @@ class StackConfig(BaseModel):
     zone: str | None = None
     runtime_version: str | None = Field(default=None, alias="runtimeVersion")
     provisioning: Provisioning = "spot"
+    # The job every worker runs: a directory (relative to the repository) with tpupod-job.yaml;
+    # without one, the built-in trainer's job, shaped by preset, steps, trainerArgs and data.
+    job: str | None = None
+    run_id: str = Field(default="main", alias="runId")  # a new id starts a new run (directory)
     preset: str = "tiny"
     steps: int | None = Field(default=None, gt=0)
     trainer_args: str = Field(default="", alias="trainerArgs")
@@ -67,6 +74,40 @@ class StackConfig(BaseModel):
     # Prepared training data (`python -m trainer.data prepare`): a name under the stack bucket's
     # `data/` prefix (workers get read-only access there), or gs://BUCKET/PATH anywhere else.
     data: str | None = None
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, value: str) -> str:
+        try:
+            return jobs.check_run_id(value, "the id")
+        except jobs.JobError as err:
+            raise ConfigError("runId", str(err)) from None
+
+    @model_validator(mode="after")
+    def _one_job(self) -> StackConfig:
+        builtin_keys = {"preset": "preset", "steps": "steps", "trainer_args": "trainerArgs",
+                        "data": "data"}  # fmt: skip
+        if self.job is not None:
+            given = [
+                alias for field, alias in builtin_keys.items() if field in self.model_fields_set
+            ]
+            if given:
+                raise ConfigError(
+                    given[0],
+                    f"shapes the built-in trainer, but this stack runs tpupod:job {self.job}; "
+                    "remove one of the two (a job's own settings live in its tpupod-job.yaml)",
+                )
+        self.job_definition()  # a bad job directory stops here, before any resource exists
+        return self
+
+    def job_definition(self) -> jobs.Job:
+        """The job the workers run (the built-in trainer's unless tpupod:job names one)."""
+        if self.job is None:
+            return jobs.builtin(self.trainer_command_args)
+        try:
+            return jobs.load(PROJECT_ROOT / self.job)
+        except jobs.JobError as err:
+            raise ConfigError("job", str(err)) from None
 
     @field_validator("data")
     @classmethod
@@ -226,7 +267,7 @@ class StackConfig(BaseModel):
 
     @property
     def trainer_command_args(self) -> str:
-        """`tpupod-trainer-args`: what follows `python -m trainer` on every worker."""
+        """What follows `python -m trainer` in the built-in job's `run`."""
         steps = f" --steps {self.steps}" if self.steps else ""
         data = f" --set data={self.data_uri}" if self.data_uri else ""
         extra = f" {self.trainer_args.strip()}" if self.trainer_args.strip() else ""

@@ -6,7 +6,10 @@ bucket-level access): this stack's checkpoints `runs/<stack>/` and compile cache
 read-only when the stack trains on data there). So a compromised worker
 can neither rewrite the code every recreated slice boots nor feed another stack's slices a
 poisoned compiled program. No storage role on the project. Log and metric writing on the project.
-No primitive role, never the default compute SA. Why: docs/seams.md, "Bucket access".
+Secret Manager: `secretAccessor` on each secret the job names (`secrets:` in tpupod-job.yaml),
+granted on that secret only (the secrets themselves are the user's: created outside the stack,
+their values never in config, bundle or metadata). No primitive role, never the default
+compute SA. Why: docs/seams.md, "Bucket access".
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pulumi_gcp as gcp
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 READ_WRITE = "roles/storage.objectUser"  # get, list, create, overwrite, delete objects
 READ_ONLY = "roles/storage.objectViewer"  # get, list objects
+SECRET_READER = "roles/secretmanager.secretAccessor"  # access a secret's versions, nothing else
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class WorkerIdentityArgs:
     stack: str
     display_name: str = "tpupod TPU workers"
     read_data: bool = False  # grant DATA_GRANT: the stack's data is under its bucket's data/
+    secrets: tuple[str, ...] = ()  # Secret Manager secret ids the job reads at start
 
 
 class WorkerIdentity(pulumi.ComponentResource):
@@ -97,6 +102,15 @@ class WorkerIdentity(pulumi.ComponentResource):
                     description=f"{prefix}: {grant.why}",
                     expression=bucket.apply(lambda b, p=prefix: prefix_condition(b, p)),
                 ),
+                opts=child,
+            )
+        for secret in args.secrets:
+            gcp.secretmanager.SecretIamMember(
+                f"{name}-secret-{secret}",
+                project=args.project,
+                secret_id=secret,
+                role=SECRET_READER,
+                member=member,
                 opts=child,
             )
         for role in PROJECT_ROLES:

@@ -13,8 +13,11 @@ BUCKET = "tpupod-bucket"
 BUNDLE_OBJECT = "tpupod-bundle-object"
 BUNDLE_SHA256 = "tpupod-bundle-sha256"
 STACK = "tpupod-stack"
-TRAINER_ARGS = "tpupod-trainer-args"
-RUN_PREFIX = "tpupod-run-prefix"
+JOB = "tpupod-job"  # the job's spec as JSON (infra.job.JobSpec.to_json)
+RUN_ID = "tpupod-run-id"
+RUN_DIR = "tpupod-run-dir"  # gs://BUCKET/runs/<stack>/<run id>: this run's checkpoints and logs
+# Set only by recovery on the node it creates (ops): the job's attempt at that boot.
+ATTEMPT = "tpupod-attempt"
 COMPILE_CACHE = "tpupod-compile-cache"
 UV_GROUP = "tpupod-uv-group"
 COORDINATOR_PORT = "tpupod-coordinator-port"
@@ -36,27 +39,34 @@ def startup_script() -> str:
     return STARTUP_SCRIPT_PATH.read_text()
 
 
+def run_dir(bucket: str, stack: str, run_id: str) -> str:
+    """Where one run keeps everything (checkpoints, summaries, job logs): the same for every
+    worker, attempt and recreate of that run; a new run id is a new directory."""
+    return f"gs://{bucket}/runs/{stack}/{run_id}"
+
+
 def worker_metadata(
     *,
     bucket: str,
     bundle_object: str,
     bundle_sha256: str,
     stack: str,
-    trainer_args: str,
+    job_json: str,
+    run_id: str,
     uv_group: str = "tpu",
     coordinator_port: int = DEFAULT_COORDINATOR_PORT,
     script: str | None = None,
 ) -> dict[str, str]:
     """Every tpupod key of one slice; the same for all of its workers."""
-    run_prefix = f"gs://{bucket}/runs/{stack}"
     return {
         STARTUP_SCRIPT: startup_script() if script is None else script,
         BUCKET: bucket,
         BUNDLE_OBJECT: bundle_object,
         BUNDLE_SHA256: bundle_sha256,
         STACK: stack,
-        TRAINER_ARGS: trainer_args,
-        RUN_PREFIX: run_prefix,
+        JOB: job_json,
+        RUN_ID: run_id,
+        RUN_DIR: run_dir(bucket, stack, run_id),
         COMPILE_CACHE: f"gs://{bucket}/compile-cache/{stack}",
         UV_GROUP: uv_group,
         COORDINATOR_PORT: str(coordinator_port),

@@ -1,4 +1,5 @@
-"""`tpupod local ...`: up, down, status, endpoints, and the faults (preempt, crash, hang, stockout).
+"""`tpupod local ...`: up, down, status, endpoints, secret, and the faults (preempt, crash, hang,
+stockout).
 
 Errors are `PodError`s: ops.cli prints any type in `USER_ERRORS` as one line (exit 2), so this
 module depends on no ops module. `slice_table` draws a slice from its attributes alone (state,
@@ -15,11 +16,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from infra import job as jobs
 from localpod import tpu_client
 from localpod.pod import LocalPod
 from localpod.state import PodError
 
-USER_ERRORS = (PodError,)
+USER_ERRORS = (PodError, jobs.JobError)
 
 _STATE_STYLE = {
     "READY": "green",
@@ -47,24 +49,43 @@ def _pod(args: argparse.Namespace, **kwargs) -> LocalPod:
     return LocalPod(getattr(args, "pod_dir", None), **kwargs)
 
 
+def job_of(args: argparse.Namespace) -> jobs.Job:
+    """`--job DIR`, else the built-in trainer's job for `--preset` and `--steps`."""
+    if args.job is not None:
+        if args.preset is not None or args.steps is not None:
+            raise PodError("--preset and --steps shape the built-in trainer's job; not with --job")
+        return jobs.load(args.job)
+    from trainer.config import PRESETS
+
+    preset, steps = args.preset or "tiny", args.steps or 200
+    if preset not in PRESETS:
+        raise PodError(f"--preset {preset!r}: unknown; use one of {', '.join(PRESETS)}")
+    if steps < 1:
+        raise PodError("--steps must be at least 1")
+    return jobs.builtin(f"--config {preset} --steps {steps}")
+
+
 def _up(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.workers > 250:
         raise PodError("--workers must be between 1 and 250")
     script = args.startup_script
     if script is not None and not script.is_file():
         raise PodError(f"--startup-script {script}: no such file")
+    job = job_of(args)
     pod = _pod(
         args,
         workers=args.workers,
         devices_per_worker=args.devices_per_worker,
         startup_script=script,
-        trainer_args=f"--config {args.preset} --steps {args.steps}",
+        job=job,
+        run_id=args.run_id,
     )
     console = Console()
     started = time.monotonic()
     with console.status("starting the local pod") as status:
         info = pod.up(progress=lambda message: status.update(message))
     console.print(slice_table(info, title=f"local pod ({pod.paths.root})"))
+    console.print(f"job: {job.source}; run {pod.run_id} (gs://{pod.bucket}/{pod.run_prefix})")
     console.print(
         f"up in {time.monotonic() - started:.1f} s; workers are booting (startup-script)."
     )
@@ -152,11 +173,23 @@ def _preempt(args: argparse.Namespace) -> int:
 
 
 def _crash(args: argparse.Namespace) -> int:
-    return _call(args, lambda pod: f"worker {args.worker}: trainer {pod.crash(args.worker)} killed")
+    return _call(args, lambda pod: f"worker {args.worker}: job {pod.crash(args.worker)} killed")
 
 
 def _hang(args: argparse.Namespace) -> int:
-    return _call(args, lambda pod: f"worker {args.worker}: trainer {pod.hang(args.worker)} stopped")
+    return _call(args, lambda pod: f"worker {args.worker}: job {pod.hang(args.worker)} stopped")
+
+
+def _secret(args: argparse.Namespace) -> int:
+    """A secret's value in the pod's Secret Manager (as `gcloud secrets versions add`)."""
+    import sys
+
+    if not jobs.SECRET_ID.match(args.name):
+        raise PodError(f"{args.name!r} is not a Secret Manager secret id")
+    data = args.data_file.read_bytes() if args.data_file else sys.stdin.buffer.read()
+    _pod(args).set_secret(args.name, data)
+    print(f"secret {args.name}: {len(data)} bytes; jobs read it at their next start")
+    return 0
 
 
 def _stockout(args: argparse.Namespace) -> int:
@@ -178,8 +211,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     up = sub.add_parser("up", parents=[pod_dir], help="start the pod; returns once it is READY")
     up.add_argument("--workers", type=int, default=2, help="workers (hosts) in the slice")
-    up.add_argument("--preset", default="tiny", help="trainer config preset")
-    up.add_argument("--steps", type=int, default=200, help="training steps")
+    up.add_argument(
+        "--job", type=Path,
+        help="the job directory (with tpupod-job.yaml) every worker runs, anywhere on disk",
+    )  # fmt: skip
+    up.add_argument(
+        "--run-id", help="continue run ID (its checkpoints) instead of starting a new run"
+    )
+    up.add_argument("--preset", help="the built-in trainer's config preset [tiny]")
+    up.add_argument("--steps", type=int, help="the built-in trainer's training steps [200]")
     up.add_argument("--devices-per-worker", type=int, default=2, help="CPU devices per worker")
     up.add_argument("--startup-script", type=Path, help=argparse.SUPPRESS)
     up.add_argument(
@@ -205,9 +245,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     preempt.set_defaults(func=_preempt)
 
     for name, func, what in (("crash", _crash, "SIGKILL"), ("hang", _hang, "SIGSTOP")):
-        parser = sub.add_parser(name, parents=[pod_dir], help=f"{what} a worker's trainer")
+        parser = sub.add_parser(
+            name, parents=[pod_dir], help=f"{what} the job's process group on a worker"
+        )
         parser.add_argument("--worker", type=int, required=True, help="worker index")
         parser.set_defaults(func=func)
+
+    secret = sub.add_parser(
+        "secret", parents=[pod_dir],
+        help="set a secret (value from stdin) in the pod's Secret Manager, before or after up",
+    )  # fmt: skip
+    secret.add_argument("name", help="the secret id, as a job's `secrets:` names it")
+    secret.add_argument("--data-file", type=Path, help="read the value from this file")
+    secret.set_defaults(func=_secret)
 
     stockout = sub.add_parser(
         "stockout", parents=[pod_dir], help="fail the next create(s) with RESOURCE_EXHAUSTED"

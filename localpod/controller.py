@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from localpod import oslogin, procs, storage
+from localpod import oslogin, procs, secret_manager, storage
 from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
 from localpod.privilege import login_user
 from localpod.slice import Slice
@@ -78,6 +78,8 @@ class Controller:
         self.api: ThreadingHTTPServer | None = None
         self.tpu: TpuApiServer | None = None
         self.slice: Slice | None = None
+        self.oslogin: oslogin.OsLoginServer | None = None
+        self.secrets: secret_manager.SecretManagerServer | None = None
 
     def kill_strays(self) -> None:
         """Kill our descendants that are neither the emulator's tree nor a live worker agent's."""
@@ -110,6 +112,10 @@ class Controller:
         os.environ[oslogin.DIR_ENV] = str(self.paths.root / "oslogin")
         self.oslogin = oslogin.OsLoginServer(self.paths.root / "oslogin")
         self.oslogin.start()
+        # Secret Manager: the workers (booted after this) reach it through their environment.
+        self.secrets = secret_manager.SecretManagerServer(self.paths.root / "secrets")
+        self.secrets.start()
+        self.layout["secretmanager_url"] = self.secrets.url
         self.api = ThreadingHTTPServer(("127.0.0.1", 0), _ApiHandler)
         self.api.daemon_threads = True
         self.api.controller = self  # type: ignore[attr-defined]
@@ -131,6 +137,7 @@ class Controller:
         }
         published = endpoints(self.paths, self.layout, self.tpu.url, bucket)
         published["oslogin"] = self.oslogin.url  # like https://oslogin.googleapis.com
+        published["secretmanager"] = self.secrets.url  # like https://secretmanager.googleapis.com
         write_json(self.paths.endpoints, published)
         write_json(self.paths.pod, pod)
         _log(f"pod up: control 127.0.0.1:{pod['control_port']}, TPU API {self.tpu.url}")
@@ -151,6 +158,9 @@ class Controller:
             self.api.server_close()
         if self.tpu:
             self.tpu.stop()
+        for server in (self.oslogin, self.secrets):
+            if server is not None:
+                server.stop()
         if self.metadata:
             self.metadata.stop()
         if self.emulator and self.emulator.poll() is None:
@@ -223,12 +233,8 @@ class _ApiHandler(BaseHTTPRequestHandler):
                 "pending": ctl.tpu.service.inject_stockout(int(query.get("count", "1")))
             },
             "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "30"))),
-            "/crash": lambda: {
-                "pid": ctl.slice.signal_trainer(int(query["worker"]), signal.SIGKILL)
-            },
-            "/hang": lambda: {
-                "pid": ctl.slice.signal_trainer(int(query["worker"]), signal.SIGSTOP)
-            },
+            "/crash": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGKILL)},
+            "/hang": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGSTOP)},
             "/shutdown": ctl.stop.set,
         }
         action = actions.get(url.path)

@@ -17,8 +17,12 @@ from pathlib import Path
 from infra import metadata
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Passed through from the operator: locale and terminal only, never their venv or credentials.
-_PASS_THROUGH = ("LANG", "LC_ALL", "TERM", "TZ", "USER", "LOGNAME")
+# Passed through from the operator: locale and terminal, and the machine's TLS trust and proxies
+# (what a VM image carries: a job's `python: uv` environment downloads its packages); never
+# their venv or credentials.
+_PASS_THROUGH = ("LANG", "LC_ALL", "TERM", "TZ", "USER", "LOGNAME", "SSL_CERT_FILE",
+                 "SSL_CERT_DIR", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy",
+                 "http_proxy", "no_proxy")  # fmt: skip
 
 
 @functools.cache
@@ -65,6 +69,7 @@ def worker_env(
     metadata_host: str,
     emulator_url: str,
     devices_per_worker: int,
+    secretmanager_url: str | None = None,
 ) -> dict[str, str]:
     uv = uv_executable()
     path = f"{uv.parent}:{SYSTEM_PATH}" if uv else SYSTEM_PATH
@@ -88,6 +93,8 @@ def worker_env(
             **uv_settings(),
         }
     )
+    if secretmanager_url:  # the pod's Secret Manager (localpod.secret_manager)
+        env["TPUPOD_SECRETMANAGER_ENDPOINT"] = secretmanager_url
     return env
 
 
@@ -97,8 +104,8 @@ def accelerator_type(workers: int, devices_per_worker: int) -> str:
 
 
 def pod_metadata(
-    *, bucket: str, bundle_object: str, bundle_sha256: str, stack: str, trainer_args: str,
-    coordinator_port: int, script: str | None,
+    *, bucket: str, bundle_object: str, bundle_sha256: str, stack: str, job_json: str,
+    run_id: str, coordinator_port: int, script: str | None,
 ) -> dict[str, str]:  # fmt: skip
     """The pod's own node metadata: the Pulumi program's keys (no uv group: CPU workers)."""
     return metadata.worker_metadata(
@@ -106,7 +113,8 @@ def pod_metadata(
         bundle_object=bundle_object,
         bundle_sha256=bundle_sha256,
         stack=stack,
-        trainer_args=trainer_args,
+        job_json=job_json,
+        run_id=run_id,
         uv_group="",
         coordinator_port=coordinator_port,
         script=script,

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from infra import metadata
 from infra.bundle_archive import build_bundle
-from localpod import procs, storage, tpu_client
+from infra.job import Job, builtin, check_run_id, new_run_id
+from localpod import procs, secret_manager, storage, tpu_client
 from localpod.environment import accelerator_type, pod_metadata
 from localpod.state import (
     PROJECT_ROOT,
@@ -76,20 +77,31 @@ class LocalPod:
         devices_per_worker: int = 2,
         startup_script: Path | str | None = None,
         trainer_args: str = DEFAULT_TRAINER_ARGS,
+        job: Job | None = None,
+        run_id: str | None = None,
         bucket: str = DEFAULT_BUCKET,
         stack: str = STACK,
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
-        infra.metadata.startup_script(); read once by `up` into the node spec."""
+        infra.metadata.startup_script(); read once by `up` into the node spec. `job`: what the
+        workers run (default: the built-in trainer's job with `trainer_args`); `run_id`: the
+        run's id (default: a new run)."""
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
         self.startup_script = startup_script
         self.trainer_args = trainer_args
+        self.job = job or builtin(trainer_args)
+        self.run_id = check_run_id(run_id) if run_id else new_run_id()
         self.bucket = bucket
         self.stack = stack
         self._controller: subprocess.Popen | None = None
         self._controller_start: int | None = None
+
+    @property
+    def run_prefix(self) -> str:
+        """The run's directory as an object prefix of the pod's bucket (runs/local/<run id>)."""
+        return metadata.run_dir(self.bucket, self.stack, self.run_id).split("/", 3)[3]
 
     # -- daemon ------------------------------------------------------------------------------
     def _pod(self) -> dict | None:
@@ -141,7 +153,8 @@ class LocalPod:
             {
                 "workers": self.workers,
                 "devices_per_worker": self.devices_per_worker,
-                "trainer_args": self.trainer_args,
+                "job": self.job.source,
+                "run_id": self.run_id,
                 "bucket": self.bucket,
                 "stack": self.stack,
             },
@@ -182,7 +195,7 @@ class LocalPod:
     def _write_spec(self, script: Path | str | None) -> dict:
         """Upload the bundle and write node-spec.json: what `pulumi up` does on GCP."""
         pod = self._live_pod()
-        bundle = build_bundle()
+        bundle = build_bundle(job=self.job)
         storage.upload_bundle(pod["emulator_url"], self.bucket, bundle)
         if isinstance(script, Path):
             script = script.read_text()
@@ -196,7 +209,8 @@ class LocalPod:
             bundle_object=bundle.object_name,
             bundle_sha256=bundle.sha256,
             stack=self.stack,
-            trainer_args=self.trainer_args,
+            job_json=self.job.spec.to_json(),
+            run_id=self.run_id,
             coordinator_port=pod["coordinator_port"],
             script=script,
         )
@@ -278,6 +292,10 @@ class LocalPod:
         tpu_client.delete_node(self.endpoints(), timeout=timeout if wait else None)
         return self.describe()
 
+    def set_secret(self, name: str, data: bytes) -> None:
+        """A secret the pod's Secret Manager serves (localpod.secret_manager), up or not."""
+        secret_manager.write_secret(self.paths.root / "secrets", name, data)
+
     def inject_stockout(self, count: int = 1) -> int:
         """The next `count` creates fail with RESOURCE_EXHAUSTED; returns how many are pending."""
         return self._request("POST", f"/stockout?count={count}")["pending"]
@@ -292,11 +310,12 @@ class LocalPod:
         return self.wait_for({SliceState.PREEMPTED}, notice + 30) if wait else info
 
     def crash(self, worker: int) -> int:
-        """SIGKILL worker's trainer (the pid in $TPUPOD_ROOT/trainer.pid); returns that pid."""
+        """SIGKILL the job's process group on `worker` (the group of the pid in
+        $TPUPOD_ROOT/job.pid), whatever the job is; returns that pid."""
         return self._request("POST", f"/crash?worker={worker}")["pid"]
 
     def hang(self, worker: int) -> int:
-        """SIGSTOP worker's trainer; returns its pid."""
+        """SIGSTOP the job's process group on `worker`; returns its leader's pid."""
         return self._request("POST", f"/hang?worker={worker}")["pid"]
 
     def __enter__(self) -> LocalPod:

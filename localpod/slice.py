@@ -227,21 +227,21 @@ class Slice:
             self._busy = False
             self._set(SliceState.PREEMPTED, detail=f"notice was {notice:g} s")
 
-    def signal_trainer(self, index: int, sig: int) -> int:
-        """SIGKILL (crash) or SIGSTOP (hang) worker `index`'s trainer: the pid in trainer.pid."""
+    def signal_job(self, index: int, sig: int) -> int:
+        """SIGKILL (crash) or SIGSTOP (hang) worker `index`'s job: the group of job.pid."""
         with self._lock:
             agent = self._agents.get(index)
             if self.state != SliceState.READY or agent is None:
                 raise PodError(f"slice is {self.state}; no worker {index} to act on")
-        pid_file = self.paths.trainer_pid(index)
+        pid_file = self.paths.job_pid(index)
         try:
             pid = int(pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
-            raise PodError(f"worker {index} has no trainer ({pid_file} missing)") from None
+            raise PodError(f"worker {index} has no job ({pid_file} missing)") from None
         tree = {p.pid for p in procs.descendants(agent.popen.pid)}
         if pid not in tree:
-            raise PodError(f"worker {index}: trainer pid {pid} is not running")
-        # trainerctl makes the trainer a process-group leader: signal the whole group.
+            raise PodError(f"worker {index}: job pid {pid} is not running")
+        # jobctl makes the job's launcher a process-group leader: signal the whole group.
         if os.getpgid(pid) == pid:
             os.killpg(pid, sig)
         else:

@@ -111,8 +111,8 @@ class PodPaths:
         """$TPUPOD_ROOT (GCP: /var/lib/tpupod, root's): not under the login's HOME."""
         return self.worker(index) / "tpupod"
 
-    def trainer_pid(self, index: int) -> Path:
-        return self.tpupod_root(index) / "trainer.pid"
+    def job_pid(self, index: int) -> Path:
+        return self.tpupod_root(index) / "job.pid"
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -76,6 +76,7 @@ def boot(
             metadata_host=f"{address}:{layout['metadata_port']}",
             emulator_url=layout["emulator_url"],
             devices_per_worker=layout["devices_per_worker"],
+            secretmanager_url=layout.get("secretmanager_url"),
         ),
     }
     write_json(paths.agent_config(index), config)

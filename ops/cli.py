@@ -9,7 +9,13 @@ import sys
 # Modules exposing `register(subparsers)`; each adds its subcommands with `set_defaults(func=...)`.
 # A module may also expose `USER_ERRORS`, exception types that mean bad input or an impossible
 # request (printed as one line, exit 2), so that localpod needs nothing from ops.
-COMMAND_MODULES: list[str] = ["localpod.cli", "ops.commands", "ops.checkpoints"]
+COMMAND_MODULES: list[str] = [
+    "localpod.cli",
+    "ops.commands",
+    "ops.run_control",
+    "ops.job_check",
+    "ops.checkpoints",
+]
 
 
 class CliError(Exception):

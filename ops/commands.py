@@ -1,4 +1,4 @@
-"""`tpupod status|logs|restart|watch|demo`: the operator's commands, for any provider."""
+"""`tpupod status|logs|watch|demo`: the operator's commands, for any provider."""
 
 from __future__ import annotations
 
@@ -6,29 +6,31 @@ import argparse
 import contextlib
 import os
 import threading
-import time
 from pathlib import Path
 
 from rich.console import Console
 
+from infra.job import JobSpec
 from ops.cli import CliError
+from ops.job_status import JobRules
 from ops.provider import ProviderError, SliceInfo, SliceState
 from ops.recovery import Limits
-from ops.tables import slice_table, worker_table
+from ops.tables import run_line, slice_table, worker_table
 from ops.target import LOCAL, load_target, state_dir
 from ops.tpu import TpuProvider
 from ops.watch import WatchConfig
 from ops.workers import ROOT as REMOTE_ROOT
-from ops.workers import WorkerError, WorkerGroup
+from ops.workers import WorkerGroup
 
 # Per-provider defaults: a CPU pod compiles and boots in seconds, a TPU slice in minutes.
+# `stall` is a job's hang_after_s where it sets none, `start` its startup_timeout_s.
 WATCH_DEFAULTS = {
-    LOCAL: dict(hang=30.0, start=300.0, stall=400.0, bootstrap=600.0, ready=180.0, grace=30.0,
+    LOCAL: dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
                 capacity=2.0),
-    "gcp": dict(hang=300.0, start=1800.0, stall=1800.0, bootstrap=1800.0, ready=1800.0,
+    "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
                 grace=60.0, capacity=60.0),
 }  # fmt: skip
-LOG_FILES = {"trainer": "trainer.log", "bootstrap": "bootstrap.log"}
+LOG_FILES = {"job": "job.log", "bootstrap": "bootstrap.log"}
 # `tpupod demo`: tiny steps about ten times a second on the pod, and each fault waits until the
 # laptop sees the trainers at its step (a second or two after the previous recovery): at 60 steps
 # a run once finished before its second fault could be injected.
@@ -75,13 +77,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = describe(provider)
     console = Console()
     console.print(slice_table(info, title=f"stack {args.stack}"))
-    from ops.remote_watch import watcher_lines  # heartbeat, lease holder, journal (bucket)
+    from ops.remote_watch import restart_lines, watcher_lines  # lease, journal (bucket)
 
-    for line in watcher_lines(provider):
+    for line in watcher_lines(provider) + restart_lines(provider):
         console.print(line, markup=False, highlight=False)
     if info.state is SliceState.READY and info.workers:
         with WorkerGroup(info.workers, retries=1) as group:
-            console.print(worker_table(info, group.probe()))
+            probes = group.probe()
+        console.print(run_line(provider.target, probes), markup=False, highlight=False)
+        console.print(worker_table(info, probes))
     return 0
 
 
@@ -104,6 +108,19 @@ class _Prefixed:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    if getattr(args, "attempt", None) is not None:  # from the bucket: the VM may be gone
+        from ops.remote_watch import attempt_logs
+
+        try:
+            logs = attempt_logs(provider_for(args), args.attempt, args.worker)
+        except ProviderError as err:
+            raise CliError(str(err)) from None
+        for uri, text in logs:
+            lines = text.splitlines()[-args.lines :] if args.lines else text.splitlines()
+            worker = uri.rsplit("worker-", 1)[-1].removesuffix(".log")
+            for line in lines:
+                print(f"[w{worker}] {line}")
+        return 0
     if getattr(args, "watcher", False):
         from ops.remote_watch import follow_journal
 
@@ -153,38 +170,30 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- restart --------------------------------------------------------------------------------------
-def cmd_restart(args: argparse.Namespace) -> int:
-    info = ready_workers(provider_for(args))
-    console = Console()
-    with WorkerGroup(info.workers) as group:
-        try:
-            for verb in ("stop", "clear-locks", "start"):
-                started = time.time()
-                group.trainerctl(verb, timeout=300.0)
-                console.print(f"{verb:<12} every worker ({time.time() - started:.1f}s)")
-        except WorkerError as err:
-            raise CliError(str(err)) from None
-    console.print("trainer restarted on every worker; it resumes from the latest checkpoint")
-    return 0
-
-
 # -- watch ----------------------------------------------------------------------------------------
-def watch_config(args: argparse.Namespace) -> WatchConfig:
+def watch_config(args: argparse.Namespace, job: JobSpec | None = None) -> WatchConfig:
+    """The provider's defaults, what the job's spec sets, and the flags given, in that order."""
     d = WATCH_DEFAULTS[LOCAL if args.stack == LOCAL else "gcp"]
     limits = Limits(
         hang=args.hang_timeout or d["hang"],
-        start=d["start"],
-        stall=args.stall_timeout or d["stall"],
+        start=(job and job.startup_timeout_s) or d["start"],
+        stall=args.stall_timeout or (job and job.hang_after_s) or d["stall"],
         bootstrap=d["bootstrap"],
         preempt_grace=d["grace"],
     )
+    given = {"max_restarts": args.max_failures, "backoff_s": args.backoff}
+    spec = {
+        "max_restarts": job.max_restarts if job else 3,
+        "backoff_s": job.backoff_s if job else 2.0,
+    }
+    pick = {k: spec[k] if given[k] is None else given[k] for k in given}
     return WatchConfig(
         limits=limits,
+        rules=JobRules.of(job) if job else JobRules(),
         poll=args.poll,
-        max_failures=args.max_failures,
+        max_failures=pick["max_restarts"],
         ready_deadline=d["ready"],
-        backoff_base=args.backoff,
+        backoff_base=pick["backoff_s"],
         capacity_backoff=d["capacity"],
     )
 
@@ -201,8 +210,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from ops.remote_watch import watch_with_lease  # journal, incident and lease in the bucket
 
     try:
+        config = watch_config(args, provider.target.job())
         return watch_with_lease(
-            provider, watch_config(args), path, console,
+            provider, config, path, console,
             holder=args.holder, ttl=args.lease_ttl, observe_only=args.observe,
         )  # fmt: skip
     except ProviderError as err:
@@ -215,7 +225,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def stack_options() -> argparse.ArgumentParser:
+    """--stack, --spec, --pod-dir: the options of every command that acts on a slice."""
     stack = argparse.ArgumentParser(add_help=False)
     stack.add_argument(
         "--stack",
@@ -231,17 +242,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument(
         "--pod-dir", type=Path, help="the local pod's directory [$TPUPOD_POD_DIR, .tpupod]"
     )
+    return stack
 
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    stack = stack_options()
     status = subparsers.add_parser(
-        "status", parents=[stack], help="slice state and every worker's trainer"
-    )
+        "status", parents=[stack],
+        help="slice state, the run (id, attempt, step of steps), every worker's job, the restarts",
+    )  # fmt: skip
     status.set_defaults(func=cmd_status)
 
     logs = subparsers.add_parser("logs", parents=[stack], help="worker logs, prefixed by worker")
     logs.add_argument("--worker", type=int, help="only this worker")
     logs.add_argument("--follow", "-f", action="store_true", help="keep following")
     logs.add_argument("--lines", "-n", type=int, default=50, help="lines from the end")
-    logs.add_argument("--file", choices=sorted(LOG_FILES), default="trainer")
+    logs.add_argument("--file", choices=sorted(LOG_FILES), default="job")
+    logs.add_argument(
+        "--attempt", type=int,
+        help="attempt N's output from every worker, from the bucket (also after its VM is gone)",
+    )  # fmt: skip
     logs.add_argument(
         "--watcher", action="store_true", help="the watcher's journal (from the bucket)"
     )
@@ -253,23 +273,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     logs.set_defaults(func=cmd_logs)
 
-    subparsers.add_parser(
-        "restart", parents=[stack], help="stop, clear locks and start the trainer on every worker"
-    ).set_defaults(func=cmd_restart)
-
     watch = subparsers.add_parser(
         "watch", parents=[stack], help="recover from preemptions, crashes and hangs until done"
     )
     watch.add_argument("--hang-timeout", type=float, help="heartbeat age (s) that is a hang")
     watch.add_argument("--stall-timeout", type=float, help="seconds without a new step: a hang")
-    watch.add_argument("--max-failures", type=int, default=3, help="failure restarts allowed")
+    watch.add_argument(
+        "--max-failures", type=int, help="failure restarts allowed [the job's max_restarts, 3]"
+    )
     watch.add_argument("--poll", type=float, default=0.5, help="seconds between observations")
     watch.add_argument(
         "--backoff",
         type=float,
-        default=2.0,
         help="seconds before a failure restart that follows another with no newer checkpoint "
-        "between (a crash loop), doubling; the first restart goes at once",
+        "between (a crash loop), doubling; the first restart goes at once [the job's backoff_s]",
     )
     watch.add_argument(
         "--holder", help="lease holder id (a service sets a stable one) [$TPUPOD_WATCH_HOLDER]"
@@ -285,9 +302,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     watch.set_defaults(func=cmd_watch)
 
     demo = subparsers.add_parser(
-        "demo", help="local pod: train, hang, preempt, recover; compare with an uninterrupted run"
+        "demo",
+        help="local pod: run a job through a hang, a crash and a preemption, recover each, and "
+        "compare its final checkpoint with an uninterrupted run's, bitwise",
     )
-    demo.add_argument("--preset", default="tiny", help="trainer config preset")
+    demo.add_argument(
+        "--job", type=Path,
+        help="a job directory (tpupod-job.yaml, with steps and progress) [the built-in trainer]",
+    )  # fmt: skip
+    demo.add_argument("--preset", default="tiny", help="the built-in trainer's config preset")
     demo.add_argument(
         "--steps",
         type=int,

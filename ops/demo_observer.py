@@ -15,13 +15,13 @@ from rich.progress import Progress
 
 from ops.journal import echo
 from ops.lease import Lease
+from ops.probe import Probe
 from ops.provider import ProviderError, SliceState
-from ops.recovery import NOTICE_HEALTH, Probe
+from ops.recovery import NOTICE_HEALTH
 from ops.remote_state import STORAGE_ERRORS, RemoteState
 from ops.tpu import TpuProvider
 from ops.watch import Watcher
 from ops.workers import WorkerGroup
-from trainer.status import TrainerState
 
 HANG_S = 10.0  # heartbeat age that is a hang (the local default is 30 s)
 OBSERVE_S = 1.0  # the observer's poll: journal objects; trainer status while a fault is due
@@ -50,13 +50,13 @@ class FaultPlan:
     task: int | None = None
 
     def __call__(self, watcher: Watcher, probes: list[Probe]) -> None:
-        steps = [p.status.step for p in probes if p.status and p.status.heartbeat >= watcher.since]
+        steps = [s.step for p in probes if (s := p.current(watcher.since))]
         last = max(self.injected.values(), default=0.0)
         inc = watcher.incident
         settled = not self.injected or (
             inc is not None and inc.detected_at >= last and "resumed" in inc.phases
         )
-        if len(steps) == len(probes) and (fault := self.due(steps, settled)) is not None:
+        if steps and all(p.alive for p in probes) and (fault := self.due(steps, settled)):
             self.inject(fault, min(steps), watcher.journal.event)
 
     def observed(self, view: WatcherView, trainers: TrainerProbe) -> None:
@@ -69,7 +69,8 @@ class FaultPlan:
             return
         probes = trainers.probe()
         steps = [p.status.step for p in probes if fresh(p)]
-        if probes and len(steps) == len(probes) and (fault := self.due(steps, settled)):
+        # Often only process 0 reports: every job alive, the reporting ones at the step.
+        if steps and all(p.alive for p in probes) and (fault := self.due(steps, settled)):
             self.inject(fault, min(steps), view.note)
 
     def missed(self) -> list[Fault]:
@@ -97,10 +98,10 @@ class FaultPlan:
 
 
 def fresh(probe: Probe) -> bool:
-    """A live trainer training with a recent heartbeat."""
+    """A live job training, its status written recently."""
     s = probe.status
-    return bool(s and s.state is TrainerState.TRAINING and probe.alive is not False
-                and (probe.heartbeat_age or 0.0) < HANG_S / 2)  # fmt: skip
+    return bool(s and s.state == "training" and probe.alive is not False
+                and probe.now - s.updated < HANG_S / 2)  # fmt: skip
 
 
 class WatcherView:
@@ -153,7 +154,7 @@ class WatcherView:
 
 
 class TrainerProbe:
-    """The trainers' status over SSH as the operator (what `tpupod status` shows); the node is
+    """The jobs' status over SSH as the operator (what `tpupod status` shows); the node is
     only read through the TPU API, never changed."""
 
     def __init__(self, provider: TpuProvider):

@@ -1,11 +1,11 @@
 """Hang forensics: before `watch` restarts a hung job, keep what the restart would destroy.
 
-On every worker, as root (the trainer is root's; `sudo -n` when the login is not root): the Python
-stacks of each Python process in the trainer's process tree (the trainerctl wrapper in
-`trainer.pid` and its descendants), every thread, native frames where py-spy can read them (a
+On every worker, as root (the job is root's; `sudo -n` when the login is not root): the Python
+stacks of each Python process in the job's process tree (the launcher in `job.pid` and its
+descendants), every thread, native frames where py-spy can read them (a
 stopped process cannot be suspended: then `--nonblocking`; failing natives: local variables), and
-the last lines of trainer.log. py-spy comes from the worker's own environment (the bundle's
-`.venv`, where it is a trainer dependency) or the worker's PATH. One file per worker lands in
+the last lines of job.log. py-spy comes from the worker's own environment (the bundle's
+`.venv`, where it is a tpupod dependency) or the worker's PATH. One file per worker lands in
 `<journal dir>/incidents/<N>/worker-<i>.txt` and, when `watch` keeps its state in the bucket
 (always, from the CLI), in `gs://BUCKET/ops/<stack>/incidents/<N>/`: the watcher VM's disk is out
 of the operator's reach. The journal line `forensics` names them, and
@@ -25,12 +25,12 @@ LOG_LINES = 80
 SPY_TIMEOUT_S = 20
 # Runs under bash as root with $TPUPOD_ROOT set (ops.workers.as_root).
 SCRIPT = f"""R="$TPUPOD_ROOT"
-p=$(cat "$R/trainer.pid" 2>/dev/null || true)
+p=$(cat "$R/job.pid" 2>/dev/null || true)
 spy=
 for c in "$R/current/.venv/bin/py-spy" "$(command -v py-spy 2>/dev/null)"; do
   if [ -n "$c" ] && [ -x "$c" ]; then spy=$c; break; fi
 done
-echo "@@ trainer.pid: ${{p:-none}}; py-spy: ${{spy:-not found}}"
+echo "@@ job.pid: ${{p:-none}}; py-spy: ${{spy:-not found}}"
 tree=
 if [ -n "$p" ] && [ -d "/proc/$p" ]; then
   tree=$(ps -eo pid=,ppid= | awk -v root="$p" '
@@ -55,9 +55,9 @@ for q in $tree; do
   done
   [ -n "$ok" ] || printf '(py-spy could not read the stacks)\n%s\n' "$out"
 done
-[ -n "$tree" ] || echo "(no trainer process alive)"
-echo "@@ last {LOG_LINES} lines of trainer.log"
-tail -n {LOG_LINES} "$R/trainer.log" 2>/dev/null || echo "(no trainer.log)"
+[ -n "$tree" ] || echo "(no job process alive)"
+echo "@@ last {LOG_LINES} lines of job.log"
+tail -n {LOG_LINES} "$R/job.log" 2>/dev/null || echo "(no job.log)"
 """
 
 
@@ -142,7 +142,7 @@ def capture_hang(watcher, inc) -> None:
     names = ", ".join(files) or "not stored (journal has no file, no bucket)"
     watcher.journal.event(
         "forensics",
-        f"stacks and log tail of every worker's trainer in {now - started:.1f}s: {names}",
+        f"stacks and log tail of every worker's job in {now - started:.1f}s: {names}",
         incident=number,
         files=files,
         seconds=now - started,

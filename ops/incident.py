@@ -45,6 +45,7 @@ class WatchState:
     committed: int | None = None  # the newest committed step any current trainer reported
     since: float = 0.0  # the last (re)start of the trainer: older trainer files are stale
     last_step: int = 0
+    attempt: int = 0  # the newest attempt of the job seen or started (the next one is + 1)
     incident: Incident | None = None
 
 

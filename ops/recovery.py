@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from ops.job_status import STARTING_STATES, JobRules
+from ops.probe import Probe
 from ops.provider import SliceState
-from trainer.status import EXIT_DONE, EXIT_PREEMPTED, TrainerState, TrainerStatus
 
 
 class SliceAction(StrEnum):
@@ -51,6 +52,7 @@ NOTICE_HEALTH = {"UNHEALTHY_MAINTENANCE": "preemption notice"}
 class WorkerCondition(StrEnum):
     """One worker's situation, most urgent first (the order is the slice-wide priority)."""
 
+    FATAL = "fatal"  # the job exited with one of its `exit_codes.fatal`
     BOOTSTRAP_FAILED = "bootstrap-failed"
     FAILED = "failed"
     HUNG = "hung"
@@ -72,10 +74,12 @@ class Action(StrEnum):
     RESTART = "restart"  # trainer crashed or hung: stop-all, clear-locks, start-all; a failure
     RESUME = "resume"  # trainer preempted but the slice survived: restart, not a failure
     FINISH = "finish"  # every worker done
+    STOP = "stop"  # a fatal exit: recovery stops, one line says why
 
 
 # Slice-wide worker condition -> action. `deadline` conditions wait until their deadline, then act.
 CONDITION_ACTIONS: dict[WorkerCondition, Action] = {
+    WorkerCondition.FATAL: Action.STOP,
     WorkerCondition.BOOTSTRAP_FAILED: Action.REBUILD,
     WorkerCondition.FAILED: Action.RESTART,
     WorkerCondition.HUNG: Action.RESTART,
@@ -96,6 +100,7 @@ ON_DEADLINE: dict[WorkerCondition, Action] = {
 
 # What kind of incident a condition (or a dead slice) is, for the journal and the budgets.
 INCIDENT_KINDS = {
+    WorkerCondition.FATAL: "fatal",
     WorkerCondition.FAILED: "crash",
     WorkerCondition.HUNG: "hang",
     WorkerCondition.PREEMPTED: "preemption",
@@ -105,20 +110,12 @@ INCIDENT_KINDS = {
     WorkerCondition.STARTING: "start-timeout",
 }
 
-# `trainer.exit` -> condition (anything else is a failure).
-EXIT_CONDITIONS: dict[int, WorkerCondition] = {
-    EXIT_DONE: WorkerCondition.DONE,
-    EXIT_PREEMPTED: WorkerCondition.PREEMPTED,
-}
-# Status state -> condition; RUNNING states are judged by their heartbeat age as well.
-STATUS_CONDITIONS: dict[TrainerState, WorkerCondition] = {
-    TrainerState.INITIALIZING: WorkerCondition.RUNNING,
-    TrainerState.COMPILING: WorkerCondition.RUNNING,
-    TrainerState.TRAINING: WorkerCondition.RUNNING,
-    TrainerState.SAVING: WorkerCondition.RUNNING,
-    TrainerState.PREEMPTED: WorkerCondition.PREEMPTED,
-    TrainerState.DONE: WorkerCondition.DONE,
-    TrainerState.FAILED: WorkerCondition.FAILED,
+# A status file's final states (the built-in trainer writes them before it exits); any other
+# state is a running job, judged by its heartbeat and its progress.
+STATUS_CONDITIONS: dict[str, WorkerCondition] = {
+    "preempted": WorkerCondition.PREEMPTED,
+    "done": WorkerCondition.DONE,
+    "failed": WorkerCondition.FAILED,
 }
 # Bootstrap state -> condition.
 BOOTSTRAP_CONDITIONS: dict[str | None, WorkerCondition] = {
@@ -130,28 +127,20 @@ BOOTSTRAP_CONDITIONS: dict[str | None, WorkerCondition] = {
 
 @dataclass(frozen=True)
 class Limits:
-    """Seconds. `hang` is H: the heartbeat age that counts as a hang while training."""
+    """Seconds. `hang`: the heartbeat age that is a frozen process (for a status file that
+    carries a heartbeat); `start` and `stall`: the job's startup_timeout_s and hang_after_s."""
 
     hang: float = 60.0
-    start: float = 900.0  # (re)start -> first status; also the longest init/compile
-    stall: float = 1800.0  # training/saving without a new step (a heartbeat thread still beats)
+    start: float = 900.0  # (re)start -> first progress; also the longest init/compile
+    stall: float = 1800.0  # no new step slice-wide after the first (a heartbeat may still beat)
     bootstrap: float = 1800.0
     ssh: float = 120.0
-    preempt_grace: float = 60.0  # trainer preempted but the node stays READY
+    preempt_grace: float = 60.0  # job preempted but the node stays READY
     transient: float = 1800.0  # CREATING/REPAIRING/... before we recreate anyway
 
-    def heartbeat_limit(self, state: TrainerState) -> float:
-        """The trainer beats from a thread (trainer.metrics.Heartbeat) in every state, through
-        compiles and saves: a stale heartbeat means a frozen process whatever the state."""
-        return self.hang
-
-    def progress_limit(self, state: TrainerState) -> float:
+    def progress_limit(self, state: str) -> float:
         """How long a state may last without a new step before it counts as a hang."""
-        return (
-            self.start
-            if state in (TrainerState.INITIALIZING, TrainerState.COMPILING)
-            else (self.stall)
-        )
+        return self.start if state in STARTING_STATES else self.stall
 
     def deadline(self, condition: WorkerCondition) -> float:
         return {
@@ -163,67 +152,55 @@ class Limits:
 
 
 @dataclass
-class Probe:
-    """What one SSH round trip tells about a worker; `now` is the worker's clock."""
-
-    index: int
-    reachable: bool = True
-    error: str | None = None
-    bootstrap: dict | None = None
-    status: TrainerStatus | None = None
-    exit_code: int | None = None
-    exit_mtime: float | None = None
-    alive: bool | None = None
-    preempted_flag: bool = False
-    now: float = 0.0
-    progress_age: float = 0.0  # seconds since this worker's (state, step) last changed (watcher)
-
-    @property
-    def bootstrap_state(self) -> str | None:
-        return (self.bootstrap or {}).get("state")
-
-    @property
-    def heartbeat_age(self) -> float | None:
-        return None if self.status is None else max(0.0, self.now - self.status.heartbeat)
-
-
-@dataclass
 class Verdict:
     condition: WorkerCondition
     reason: str
 
 
-def judge_worker(probe: Probe, since: float, limits: Limits) -> Verdict:
-    """One worker's condition. `since`: the last (re)start; older files belong to a dead trainer."""
+def judge_worker(
+    probe: Probe,
+    since: float,
+    limits: Limits,
+    rules: JobRules = JobRules(),  # noqa: B008 - frozen
+    slice_reports: bool = False,
+) -> Verdict:
+    """One worker's condition. `since`: the last (re)start; older files belong to a dead job.
+    `slice_reports`: another worker reports progress (often only process 0 does)."""
     w = f"worker {probe.index}"
-    # 1. Reachability and bootstrap come first: without them no trainer file means anything.
+    # 1. Reachability and bootstrap come first: without them no job file means anything.
     if not probe.reachable:
         return Verdict(WorkerCondition.UNREACHABLE, f"{w} unreachable: {probe.error}")
     if probe.bootstrap_state != "ok":
         cond = BOOTSTRAP_CONDITIONS.get(probe.bootstrap_state, WorkerCondition.BOOTSTRAPPING)
         phase = (probe.bootstrap or {}).get("phase")
         return Verdict(cond, f"{w} bootstrap {probe.bootstrap_state or 'pending'} ({phase})")
-    # 2. An exit code written after the last start is the final word on that trainer.
+    # 2. An exit code written after the last start is the final word on that job.
+    noticed = probe.noticed(since)
     fresh_exit = probe.exit_code is not None and (probe.exit_mtime or 0) >= since
     if fresh_exit and not probe.alive:
-        cond = EXIT_CONDITIONS.get(probe.exit_code, WorkerCondition.FAILED)
-        message = probe.status.message if probe.status and probe.status.message else ""
-        return Verdict(cond, f"{w} trainer exited {probe.exit_code} {message}".rstrip())
-    status = probe.status
-    # 3. No status from the current trainer yet: it is starting (or never started).
-    if status is None or status.heartbeat < since:
-        return Verdict(WorkerCondition.STARTING, f"{w} trainer starting")
-    cond = STATUS_CONDITIONS[status.state]
-    if probe.preempted_flag and cond is WorkerCondition.RUNNING:
+        return judge_exit(probe, noticed, rules)
+    status = probe.current(since)
+    # 3. No progress from the current job yet: starting, or watched by liveness alone.
+    if status is None:
+        if noticed and probe.alive:
+            return Verdict(WorkerCondition.PREEMPTED, f"{w} preemption notice")
+        if probe.alive and (slice_reports or not rules.reports_progress):
+            return Verdict(WorkerCondition.RUNNING, f"{w} job running")
+        if probe.alive is False and not rules.reports_progress:
+            return Verdict(WorkerCondition.FAILED, f"{w} job process gone")
+        return Verdict(WorkerCondition.STARTING, f"{w} job starting")
+    cond = STATUS_CONDITIONS.get(status.state, WorkerCondition.RUNNING)
+    if noticed and cond is WorkerCondition.RUNNING:
         return Verdict(WorkerCondition.PREEMPTED, f"{w} preemption notice at step {status.step}")
     if cond is not WorkerCondition.RUNNING:
-        return Verdict(cond, f"{w} trainer {status.state} at step {status.step}")
-    # 4. A running trainer is alive only if its process is and its heartbeat is recent.
+        return Verdict(cond, f"{w} job {status.state} at step {status.step}")
+    # 4. A running job is alive only if its process is, its heartbeat (if it keeps one) is
+    # recent, and the slice makes progress.
     if probe.alive is False:
-        return Verdict(WorkerCondition.FAILED, f"{w} trainer process gone at step {status.step}")
-    age, limit = probe.heartbeat_age or 0.0, limits.heartbeat_limit(status.state)
-    if age > limit:
-        return Verdict(WorkerCondition.HUNG, f"{w} heartbeat {age:.0f}s old (> {limit:.0f}s)")
+        return Verdict(WorkerCondition.FAILED, f"{w} job process gone at step {status.step}")
+    age = probe.heartbeat_age
+    if age is not None and age > limits.hang:
+        return Verdict(WorkerCondition.HUNG, f"{w} heartbeat {age:.0f}s old (> {limits.hang:.0f}s)")
     stalled, limit = probe.progress_age, limits.progress_limit(status.state)
     if stalled > limit:
         return Verdict(
@@ -231,6 +208,24 @@ def judge_worker(probe: Probe, since: float, limits: Limits) -> Verdict:
             f"{w} {status.state} at step {status.step} for {stalled:.0f}s (> {limit:.0f}s)",
         )
     return Verdict(WorkerCondition.RUNNING, f"{w} {status.state} step {status.step}")
+
+
+def judge_exit(probe: Probe, noticed: bool, rules: JobRules) -> Verdict:
+    """The exit-code rules (README, "Exit codes"): after a notice or SIGTERM every exit is a
+    preemption, 0 included; `preempted` codes restart free; `fatal` codes stop recovery; 0 is
+    done (the slice-wide steps rule follows in decide_workers); anything else is a crash."""
+    code, w = probe.exit_code, f"worker {probe.index}"
+    message = probe.status.message if probe.status and probe.status.message else ""
+    said = f"{w} job exited {code} {message}".rstrip()
+    if noticed:
+        return Verdict(WorkerCondition.PREEMPTED, f"{said} after a preemption notice or SIGTERM")
+    if code in rules.preempted:
+        return Verdict(WorkerCondition.PREEMPTED, f"{said} (exit_codes.preempted)")
+    if code in rules.fatal:
+        return Verdict(WorkerCondition.FATAL, f"{said} (exit_codes.fatal: not restarted)")
+    if code == 0:
+        return Verdict(WorkerCondition.DONE, said)
+    return Verdict(WorkerCondition.FAILED, said)
 
 
 @dataclass
@@ -250,17 +245,31 @@ class Decision:
 Waited = Callable[[str], float]
 
 
-def decide_workers(probes: list[Probe], since: float, waited: Waited, limits: Limits) -> Decision:
+def decide_workers(
+    probes: list[Probe],
+    since: float,
+    waited: Waited,
+    limits: Limits,
+    rules: JobRules,
+    run_step: int | None = None,
+) -> Decision:
     """Slice READY: the most urgent worker condition decides; a waiting condition acts once it
-    has lasted longer than its deadline (`waited(key)`, tracked by the caller)."""
-    verdicts = [judge_worker(p, since, limits) for p in probes]
+    has lasted longer than its deadline (`waited(key)`, tracked by the caller). `run_step`: the
+    run's newest step the caller has seen (an attempt that restored the last step and exited
+    at once reports none of its own)."""
+    reporting = {p.index for p in probes if p.current(since)}
+    verdicts = [judge_worker(p, since, limits, rules, bool(reporting - {p.index})) for p in probes]
     if not verdicts:
         return Decision(Action.WAIT, "no workers listed yet")
     worst = min(verdicts, key=lambda v: PRIORITY.index(v.condition))
-    if worst.condition is WorkerCondition.DONE and any(
-        v.condition is not WorkerCondition.DONE for v in verdicts
-    ):
-        return Decision(Action.WAIT, "some workers done", worst.condition, verdicts)
+    if worst.condition is WorkerCondition.DONE:
+        if any(v.condition is not WorkerCondition.DONE for v in verdicts):
+            return Decision(Action.WAIT, "some workers done", worst.condition, verdicts)
+        reached = max((p.current(since).step for p in probes if p.current(since)),
+                      default=run_step)  # fmt: skip
+        if rules.steps and rules.reports_progress and (reached or 0) < rules.steps:
+            reason = f"every worker exited 0 at step {reached}, before its {rules.steps} steps"
+            return Decision(Action.RESTART, reason, WorkerCondition.FAILED, verdicts)
     action = CONDITION_ACTIONS[worst.condition]
     if worst.condition in ON_DEADLINE and waited(worst.condition) > limits.deadline(
         worst.condition
@@ -276,6 +285,8 @@ def decide(
     waited: Waited,
     limits: Limits,
     health: str | None = None,
+    rules: JobRules | None = None,
+    run_step: int | None = None,
 ) -> Decision:
     """The whole table: slice state first, its health next, then the workers."""
     slice_action = SLICE_ACTIONS[state]
@@ -292,7 +303,7 @@ def decide(
         if waited(state) > limits.transient:
             return Decision(Action.RECREATE, f"slice {state} for {waited(state):.0f}s", key=state)
         return Decision(Action.WAIT, f"slice {state}", key=state)
-    return decide_workers(probes, since, waited, limits)
+    return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step)
 
 
 def backoff(attempt: int, base: float = 2.0, cap: float = 60.0) -> float:

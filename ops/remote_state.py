@@ -6,6 +6,8 @@
   every change, so a watcher that restarts (systemd, a VM replaced, a laptop taking over)
   continues the incident where the last one stopped instead of creating the node twice.
 - `lease.json`: who acts now (`ops.lease`).
+- `hold.json`: the run is stopped on purpose (`tpupod stop`, until `tpupod start`): `watch` acts
+  on nothing while it exists.
 - `incidents/<N>/worker-<i>.txt`: hang forensics (`ops.forensics`), so `tpupod logs --incident N`
   reads on a laptop what the watcher VM captured.
 
@@ -92,6 +94,7 @@ class RemoteState:
         self._lock = threading.Lock()
         self._saved: dict | None = None  # what incident.json holds now (as this process wrote it)
         self._saved_at = 0.0
+        self._last_hold: dict | None = None
 
     @classmethod
     def for_target(cls, target: Target) -> RemoteState:
@@ -178,6 +181,31 @@ class RemoteState:
         self._saved = None
         with contextlib.suppress(gexc.NotFound):
             self.blob("incident.json").delete(timeout=CALL_TIMEOUT)
+
+    # -- hold: `tpupod stop` / `tpupod start` ------------------------------------------------------
+    def read_hold(self) -> dict | None:
+        """The hold `tpupod stop` wrote, None when the run is not held (or unreadable now)."""
+        try:
+            raw = self.blob("hold.json").download_as_bytes(timeout=CALL_TIMEOUT)
+            self._last_hold = json.loads(raw) if raw else None
+        except (gexc.NotFound, ValueError):
+            self._last_hold = None
+        except STORAGE_ERRORS:
+            pass  # unreachable now: the last answer stands
+        return self._last_hold
+
+    def write_hold(self, hold: dict) -> None:
+        self.blob("hold.json").upload_from_string(
+            json.dumps(hold, sort_keys=True), content_type="application/json", timeout=CALL_TIMEOUT
+        )
+
+    def clear_hold(self) -> bool:
+        """True when there was a hold."""
+        try:
+            self.blob("hold.json").delete(timeout=CALL_TIMEOUT)
+        except gexc.NotFound:
+            return False
+        return True
 
     # -- hang forensics ------------------------------------------------------------------------
     def forensics_numbers(self) -> set[int]:

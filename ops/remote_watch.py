@@ -13,12 +13,13 @@ from pathlib import Path
 
 from rich.console import Console
 
+from infra.metadata import RUN_DIR
 from ops.journal import Journal, echo
 from ops.lease import Lease, LeaseView, Observer, default_holder, run_leased
 from ops.provider import ProviderError
-from ops.remote_state import STORAGE_ERRORS, RemoteState
+from ops.remote_state import CALL_TIMEOUT, STORAGE_ERRORS, RemoteState, open_bucket
 from ops.tpu import TpuProvider
-from ops.watch import WatchConfig, Watcher
+from ops.watch import EXIT_DONE, EXIT_GAVE_UP, WatchConfig, Watcher
 
 LEASE_TTL = {"local": 15.0, "gcp": 120.0}  # seconds; the holder renews every ttl/4
 
@@ -50,8 +51,9 @@ def watch_with_lease(
 
     def act(guard) -> int:
         watcher = Watcher(
-            provider, Journal(journal_file, console, sink=state.append), config, store=state
-        )
+            provider, Journal(journal_file, console, sink=state.append), config, store=state,
+            hold=state.read_hold,
+        )  # fmt: skip
         watcher.guard = guard
         return watcher.run()
 
@@ -59,7 +61,7 @@ def watch_with_lease(
 
 
 def observe(state: RemoteState, observer: Observer, poll: float) -> int:
-    """Print the acting watcher's journal until it journals `done` or `gave_up`."""
+    """Print the acting watcher's journal until it journals `done` or `gave_up` (its code)."""
     observer.start()
     lease = Lease(state, "observer", 0.0)
     while True:
@@ -72,7 +74,7 @@ def observe(state: RemoteState, observer: Observer, poll: float) -> int:
         if observer.cursor != before:
             last = state.read_journal(after="", last=1)
             if last and last[0][1].get("event") in ("done", "gave_up"):
-                return 0 if last[0][1]["event"] == "done" else 1
+                return EXIT_DONE if last[0][1]["event"] == "done" else EXIT_GAVE_UP
         time.sleep(max(poll, 1.0))
 
 
@@ -92,6 +94,47 @@ def watcher_lines(provider: TpuProvider, last: int = 5) -> list[str]:
     if not records:
         lines.append("  (no journal events yet)")
     return lines
+
+
+def restart_lines(provider: TpuProvider) -> list[str]:
+    """Every restart of the run and why, from the journal: one line per attempt started."""
+    try:
+        state = RemoteState.for_target(provider.target)
+        records = [r for _, r in state.read_journal()]
+        hold = state.read_hold()
+    except (ProviderError, *STORAGE_ERRORS):
+        return []
+    lines, cause = [], "?"
+    for r in records:
+        if r.get("event") == "detected":
+            cause = r.get("message", "?")
+        elif r.get("event") in ("restarted", "recreated") and r.get("attempt"):
+            stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(r.get("time", 0)))
+            how = "restart" if r["event"] == "restarted" else "recreated slice"
+            lines.append(f"  attempt {r['attempt']} ({stamp}, {how}): {cause}")
+        elif r.get("event") == "gave_up":
+            lines.append(f"  recovery stopped: {r.get('message', '')}")
+    if hold:
+        lines.append(f"  held by {hold.get('by', '?')} ({hold.get('reason', '')}): `tpupod start`")
+    return ["restarts:", *lines] if lines else []
+
+
+def attempt_logs(provider: TpuProvider, attempt: int, worker: int | None) -> list[tuple[str, str]]:
+    """(gs:// URI, text) of attempt `attempt`'s job output, per worker, from the run directory."""
+    run_dir = provider.target.metadata.get(RUN_DIR)
+    if not run_dir:
+        raise ProviderError(f"node spec of {provider.target.stack} names no run directory")
+    bucket = open_bucket(provider.target)
+    prefix = run_dir.removeprefix(f"gs://{bucket.name}/") + f"/tpupod/attempt-{attempt}/"
+    try:
+        blobs = sorted(bucket.list_blobs(prefix=prefix, timeout=CALL_TIMEOUT), key=lambda b: b.name)
+        found = [(f"gs://{bucket.name}/{b.name}", b.download_as_bytes(timeout=CALL_TIMEOUT))
+                 for b in blobs if worker is None or b.name.endswith(f"/worker-{worker}.log")]  # fmt: skip
+    except STORAGE_ERRORS as err:
+        raise ProviderError(f"reading gs://{bucket.name}/{prefix}: {err}") from None
+    if not found:
+        raise ProviderError(f"no output of attempt {attempt} in gs://{bucket.name}/{prefix}")
+    return [(uri, data.decode(errors="replace")) for uri, data in found]
 
 
 def describe_lease(view: LeaseView | None) -> str:

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from ops.incident import Incident
+from ops.job_status import JobRules
 from ops.phases import (
     OBSERVES,
     Event,
@@ -27,8 +28,9 @@ from ops.tpu import Stockout
 @dataclass
 class WatchConfig:
     limits: Limits = field(default_factory=Limits)
+    rules: JobRules = field(default_factory=JobRules)  # the job's exit codes, steps, progress
     poll: float = 0.5
-    max_failures: int = 3  # F: failure restarts before watch gives up
+    max_failures: int = 3  # F: failure restarts before watch gives up (the job's max_restarts)
     ready_deadline: float = 1800.0  # create done -> READY
     operation_deadline: float = 1800.0  # a delete or create operation
     backoff_base: float = 2.0
@@ -37,7 +39,7 @@ class WatchConfig:
     capacity_backoff: float = 30.0  # first wait after a stockout, doubling up to the cap
     capacity_backoff_cap: float = 600.0
     ssh_retries: int = 3
-    failure_stop_timeout: float = 5.0  # SIGTERM -> SIGKILL for crashed or hung trainers
+    failure_stop_timeout: float = 5.0  # SIGTERM -> SIGKILL for crashed or hung jobs
 
 
 class GiveUp(Exception):
@@ -45,8 +47,8 @@ class GiveUp(Exception):
 
 
 class RecoverySteps:
-    """Mixed into Watcher, which provides provider, journal, config, _api, _describe, _workers,
-    _charge, _phase and _restart_trainer."""
+    """Mixed into Watcher, which provides provider, journal, config, state, _api, _describe,
+    _workers, _charge, _phase and _restart_job."""
 
     # -- the recovery table: observe what the phase waits for, take its step -----------------
     def _drive(self, inc: Incident) -> None:
@@ -101,7 +103,7 @@ class RecoverySteps:
             self._enter(inc, Phase.AWAITING_CREATE)
             inc.operation = None
             try:  # refused at once: the same events as an operation that failed
-                inc.operation = self.provider.start_create()
+                inc.operation = self.provider.start_create(attempt=self.state.attempt + 1)
             except Stockout as err:
                 return self._on(inc, Event.STOCKOUT, str(err))
             except ProviderError as err:
@@ -123,7 +125,9 @@ class RecoverySteps:
             inc.not_before = now + backoff(inc.attempts, cfg.backoff_base, cfg.backoff_cap)
             self.journal.event("error", f"recreate attempt {inc.attempts} failed: {detail}")
         elif step is Step.RECREATED:
-            self._phase("recreated", inc.started, f"slice {self.provider.name} recreated")
+            self.state.attempt += 1  # the new node boots the job as this attempt
+            self._phase("recreated", inc.started, f"slice {self.provider.name} recreated",
+                        attempt=self.state.attempt, cause=inc.kind)  # fmt: skip
         elif step is Step.READY:
             self._phase("ready", inc.started, "slice READY")
             self.since = time.time()
@@ -132,7 +136,7 @@ class RecoverySteps:
             self._phase("bootstrapped", inc.started, "bootstrap ok on every worker")
             inc.attempts = 0
         elif step is Step.RESTART:
-            self._restart_trainer(failure=True)
+            self._restart_job(failure=True)
         return None
 
     def _enter(self, inc: Incident, phase: Phase) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from ops.probe import Probe
 from ops.provider import SliceInfo, SliceState
-from ops.recovery import Probe
 
 STATE_STYLE = {
     SliceState.READY: "green",
@@ -17,27 +17,42 @@ STATE_STYLE = {
 }
 
 
+def run_line(target, probes: list[Probe]) -> str:
+    """The run as the workers tell it: id, attempt, step of steps."""
+    job = target.job()
+    run_id = target.metadata.get("tpupod-run-id", "?")
+    attempts = {p.attempt for p in probes if p.attempt is not None}
+    steps = [p.status.step for p in probes if p.status is not None]
+    of = f" of {job.steps}" if job and job.steps else ""
+    step = f"step {max(steps)}{of}" if steps else f"no progress reported yet{of and f' ({of[1:]})'}"
+    attempt = "/".join(str(a) for a in sorted(attempts)) or "?"
+    return f"run {run_id}, attempt {attempt}: {step}"
+
+
 def worker_table(info: SliceInfo, probes: list[Probe]) -> Table:
-    """Per worker: bootstrap phase, trainer state, step, loss, tokens/s, checkpoint, heartbeat."""
+    """Per worker: bootstrap phase, job state and last exit code, step, loss, tokens/s,
+    checkpoint, heartbeat."""
     table = Table(
         title=f"workers: slice {info.state}" + (f", {info.health}" if info.health else "")
     )
-    for column in ("worker", "bootstrap", "trainer", "step", "loss", "tok/s", "ckpt", "beat"):
-        table.add_column(column, justify="left" if column in ("bootstrap", "trainer") else "right")
+    for column in ("worker", "bootstrap", "job", "step", "loss", "tok/s", "ckpt", "beat"):
+        table.add_column(column, justify="left" if column in ("bootstrap", "job") else "right")
     for p in probes:
         if not p.reachable:
             table.add_row(str(p.index), "[red]unreachable[/red]", p.error or "", *[""] * 5)
             continue
         boot = p.bootstrap or {}
         s = p.status
-        trainer = "-" if s is None else str(s.state)
+        job = ("running" if p.alive else "-") if s is None else str(s.state)
         if p.exit_code is not None and not p.alive:
-            trainer += f" (exit {p.exit_code})"
+            job += f" (exit {p.exit_code})"
+        elif p.last_exit is not None:
+            job += f" (last exit {p.last_exit})"
         state = boot.get("state", "-")
         table.add_row(
             str(p.index),
             state if state == "ok" else f"{state} ({boot.get('phase', '-')})",
-            trainer,
+            job,
             "-" if s is None else str(s.step),
             "-" if s is None or s.loss is None else f"{s.loss:.4f}",
             "-" if s is None or s.tokens_per_s is None else f"{s.tokens_per_s:,.0f}",

@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra import metadata
+from infra.job import JobSpec, spec_from_json
 from ops.provider import ProviderError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +65,23 @@ class Target:
     @property
     def node_name(self) -> str:
         return f"{self.parent}/nodes/{self.node}"
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The node's metadata as declared (tpupod's keys: infra.metadata)."""
+        return dict(self.spec.get("node", {}).get("metadata") or {})
+
+    def job(self) -> JobSpec | None:
+        """The job the node runs (metadata `tpupod-job`); None for a spec that names none."""
+        raw = self.metadata.get(metadata.JOB)
+        if not raw:
+            return None
+        try:
+            return spec_from_json(raw)
+        except ValueError as err:
+            raise ProviderError(
+                f"node spec of {self.stack}: unreadable tpupod-job ({err})"
+            ) from None
 
 
 def default_pod_dir() -> Path:

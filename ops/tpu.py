@@ -16,6 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from infra import metadata
 from ops.provider import ProviderError, SliceInfo, SliceState, Worker
 from ops.target import Target
 
@@ -138,14 +139,18 @@ class TpuProvider:
             return None
         return op.operation.name
 
-    def start_create(self) -> str | None:
+    def start_create(self, attempt: int | None = None) -> str | None:
         """None when the node already exists (a create issued before a restart of `watch`);
-        raises Stockout when the API refuses at once for capacity."""
+        raises Stockout when the API refuses at once for capacity. `attempt`: the job's attempt
+        the new node boots (metadata `tpupod-attempt`, read by its startup script)."""
         spec = self.target.spec
+        node = self.node_from_spec()
+        if attempt is not None:
+            node.metadata[metadata.ATTEMPT] = str(attempt)
         try:
             op = self._call(
                 "create", self.client.create_node,
-                parent=spec["parent"], node_id=spec["node_id"], node=self.node_from_spec(),
+                parent=spec["parent"], node_id=spec["node_id"], node=node,
             )  # fmt: skip
         except gexc.ResourceExhausted as err:
             raise Stockout(f"no capacity for {self.name}: {_line(err)}") from None

@@ -6,8 +6,13 @@
 
 Every event goes to the journal (JSON lines, for the goodput report) and one line to the
 terminal; the incident and the budgets go to `incident.json` beside it at every change.
-Preemptions are free; failure restarts (crash, hang, broken bootstrap) are bounded by a budget;
-stockouts on create have a budget of their own.
+Preemptions are free; failure restarts (crash, hang, broken bootstrap) are bounded by a budget
+(the job's `max_restarts`); stockouts on create have a budget of their own; a fatal exit code
+(the job's `exit_codes.fatal`) stops recovery at once. While the run is held (`tpupod stop`) no
+action is taken.
+
+Exit codes: 0 every worker done, 3 gave up (a budget spent, or the job exited fatally), 1 an
+internal error (an exception: the watcher's service restarts it), 2 bad input (tpupod's CLI).
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from dataclasses import asdict
 
 from ops.forensics import capture_hang
 from ops.incident import Incident, IncidentStore, WatchState
+from ops.job_status import RESUMED_STATES, JobRules
 from ops.journal import Journal
 from ops.phases import OBSERVES, Phase
+from ops.probe import Probe
 from ops.provider import ProviderError
 from ops.recovery import (
     INCIDENT_KINDS,
@@ -27,7 +34,6 @@ from ops.recovery import (
     SLICE_ACTIONS,
     Action,
     Decision,
-    Probe,
     SliceAction,
     WorkerCondition,
     backoff,
@@ -36,11 +42,14 @@ from ops.recovery import (
 from ops.steps import GiveUp, RecoverySteps, WatchConfig
 from ops.tpu import Stockout, TpuProvider
 from ops.workers import WorkerError, WorkerGroup
-from trainer.status import TrainerState
 
-RESUMED_STATES = {TrainerState.TRAINING, TrainerState.SAVING, TrainerState.DONE}
 FALLBACK_PREFIX = "checkpoint_fallback:"  # trainer/train.py's status message after a fallback
 MAX_PROVIDER_ERRORS = 5
+EXIT_DONE, EXIT_GAVE_UP = 0, 3  # 1 stays Python's own (an uncaught exception): restartable
+HOLD_CHECK_S = 2.0  # a hold (tpupod stop) is read at most this often, and before every action
+# Actions that change the slice or the job: never taken while the run is held.
+ACTING = {Action.RECREATE, Action.REBUILD, Action.RESTART, Action.RESUME}
+CALM = {None, WorkerCondition.RUNNING, WorkerCondition.STARTING, WorkerCondition.BOOTSTRAPPING}
 
 
 class Watcher(RecoverySteps):
@@ -51,9 +60,14 @@ class Watcher(RecoverySteps):
         config: WatchConfig | None = None,
         on_poll: Callable[[Watcher, list[Probe]], None] | None = None,
         store: IncidentStore | None = None,
+        hold: Callable[[], dict | None] | None = None,
     ):
         self.provider, self.journal = provider, journal
         self.config = config or WatchConfig()
+        self.rules: JobRules = self.config.rules
+        self.read_hold = hold or (lambda: None)  # the run's hold (ops.remote_state), if any
+        self._hold: tuple[float, dict | None] = (0.0, None)
+        self._said_held = False
         self.on_poll = on_poll  # the demo injects faults and draws progress from here
         self.store = store or IncidentStore(None)
         self.state = self.store.load() or WatchState(since=time.time())
@@ -94,7 +108,7 @@ class Watcher(RecoverySteps):
         except GiveUp as err:
             self.journal.event("gave_up", str(err), failures=self.failures)
             self.store.clear()
-            return 1
+            return EXIT_GAVE_UP
         except KeyboardInterrupt:
             self._save()
             self.journal.event("interrupted", "stopped by the user; the slice keeps running")
@@ -125,11 +139,31 @@ class Watcher(RecoverySteps):
             probes = self._workers(info.workers).probe()
             self._track(probes)
         limits = self.config.limits
-        decision = decide(info.state, probes, self.since, self._waited, limits, info.health)
+        decision = decide(info.state, probes, self.since, self._waited, limits, info.health,
+                          self.rules, self.last_step)  # fmt: skip
         self._tick(decision.key)
         if self.on_poll is not None:
             self.on_poll(self, probes)
+        # Anything but a healthy slice is checked against a fresh hold: a `tpupod stop` stops the
+        # job right after holding the run, and its exits are no incident.
+        if self.held(fresh=decision.action in ACTING or decision.condition not in CALM):
+            return None
         return HANDLERS[decision.action](self, decision, probes)
+
+    def held(self, fresh: bool = False) -> bool:
+        """The run is stopped on purpose (`tpupod stop`): watch but never act, until `start`."""
+        now = time.time()
+        if fresh or now - self._hold[0] > HOLD_CHECK_S:
+            self._hold = (now, self.read_hold())
+        hold = self._hold[1]
+        if hold and not self._said_held:
+            by = hold.get("by", "someone")
+            self.journal.event("held", f"run stopped by {by} (`tpupod start` resumes it); "
+                               "watching without acting", by=by)  # fmt: skip
+        elif not hold and self._said_held:
+            self.journal.event("unheld", "run started again: recovery resumes")
+        self._said_held = bool(hold)
+        return bool(hold)
 
     # -- observation handlers, one per action --------------------------------------------------
     def _wait(self, decision: Decision, probes: list[Probe]) -> None:
@@ -158,7 +192,7 @@ class Watcher(RecoverySteps):
         inc = self._detect(kind, decision.reason)
         capture_hang(self, inc)  # a hang's stacks, before the restart destroys them
         if not failure:
-            self._restart_trainer(failure=False)
+            self._restart_job(failure=False)
             return
         self._charge(decision.reason)
         self._enter(inc, Phase.PENDING_RESTART)
@@ -173,23 +207,33 @@ class Watcher(RecoverySteps):
     def _resume(self, decision: Decision, probes: list[Probe]) -> None:
         self._restart(decision, probes, failure=False)
 
-    def _restart_trainer(self, failure: bool) -> None:
-        """stop-all, clear-locks-all, start-all: every worker together."""
+    def _stop(self, decision: Decision, probes: list[Probe]) -> int:
+        """A fatal exit: restarting cannot help, and spot hours are not spent on trying."""
+        self._detect("fatal", decision.reason)
+        raise GiveUp(f"the job exited fatally, not restarted: {decision.reason}")
+
+    def _restart_job(self, failure: bool) -> None:
+        """stop-all, clear-locks-all, start-all: every worker together, as the next attempt.
+        After a crash or a hang the survivors are stuck in a collective and ignore SIGTERM:
+        they get a short grace of their own, not the job's (a preemption's save time)."""
         inc = self.incident
         group = self._workers(None)
         inc.started = started = time.time()
         self._enter(inc, Phase.AWAITING_RESUME)
+        attempt = self.state.attempt + 1
         try:
             stop = self.config.failure_stop_timeout if failure else None
-            group.trainerctl("stop", timeout=180.0, stop_timeout=stop)
-            group.trainerctl("clear-locks")
+            group.jobctl("stop", timeout=None, stop_timeout=stop)
+            group.jobctl("clear-locks")
             self.since = time.time()
             self.first_seen.clear()
-            group.trainerctl("start")
+            group.jobctl("start", attempt=attempt)
         except WorkerError as err:
             self.journal.event("error", f"restart failed: {err}")
             return
-        self._phase("restarted", started, "trainer restarted on every worker")
+        self.state.attempt = attempt
+        self._phase("restarted", started, f"job restarted on every worker (attempt {attempt})",
+                    attempt=attempt, cause=inc.kind)  # fmt: skip
 
     def _finish(self, decision: Decision, probes: list[Probe]) -> int:
         if self._recovering():
@@ -223,19 +267,33 @@ class Watcher(RecoverySteps):
         self.state.failures += 1
         self.state.streak += 1
 
-    def _phase(self, name: str, started: float, message: str) -> None:
+    def _phase(self, name: str, started: float, message: str, **fields) -> None:
         now = time.time()
         if self.incident is not None:
             self.incident.phases[name] = now
-        self.journal.event(name, f"{message} in {now - started:.1f}s", seconds=now - started)
+        self.journal.event(name, f"{message} in {now - started:.1f}s", seconds=now - started,
+                           **fields)  # fmt: skip
 
     def _resumed(self, probes: list[Probe]) -> bool:
-        fresh = [p.status for p in probes if p.status and p.status.heartbeat >= self.since]
-        return len(fresh) == len(probes) and all(s.state in RESUMED_STATES for s in fresh)
+        """Every worker's job runs (or ran to its end) and, for a job that reports progress,
+        the slice reports a step again."""
+        if not all(p.alive or p.current(self.since) for p in probes):
+            return False
+        fresh = [p.current(self.since) for p in probes if p.current(self.since)]
+        if not self.rules.reports_progress:
+            return True
+        return bool(fresh) and all(s.state in RESUMED_STATES for s in fresh)
 
     def _finish_incident(self, probes: list[Probe]) -> None:
+        """The step it resumed from: what the job reports it restored (the built-in trainer and
+        tpupod_job do), else the first step seen after the restart, less one (a job that prints
+        its steps: an upper bound)."""
         inc = self.incident
-        restored = min((p.status.restored_from or 0) for p in probes if p.status)
+        fresh = [s for p in probes if (s := p.current(self.since))]
+        reported = [s.restored_from for s in fresh if s.restored_from is not None]
+        restored = (
+            min(reported) if reported else max(0, min((s.step for s in fresh), default=1) - 1)
+        )
         inc.phases["resumed"] = now = time.time()
         self._enter(inc, Phase.WATCHING)
         lost = max(0, inc.step - restored)
@@ -253,17 +311,25 @@ class Watcher(RecoverySteps):
         )
 
     def _track(self, probes: list[Probe]) -> None:
+        """Progress is the slice's: the age of the newest change of any worker's (state, step)
+        (often only process 0 reports, and one stalled worker stalls them all)."""
         now = time.time()
+        ages = []
         for p in probes:  # progress: when did this worker's (state, step) last change?
-            mark = (p.status.state, p.status.step, p.status.pid) if p.status else None
+            s = p.current(self.since)
+            mark = (s.state, s.step, s.pid) if s else None
             last = self._progress.get(p.index)
             if last is None or last[0] != mark:
                 self._progress[p.index] = last = (mark, now)
-            p.progress_age = now - last[1]
+            if s is not None:
+                ages.append(now - last[1])
         for p in probes:
-            if p.status is not None and p.status.heartbeat >= self.since:
-                self.state.last_step = max(self.last_step, p.status.step)
-                self._committed(p.status.last_checkpoint)
+            p.progress_age = min(ages, default=0.0)
+            if p.attempt is not None:
+                self.state.attempt = max(self.state.attempt, p.attempt)
+            if (s := p.current(self.since)) is not None:
+                self.state.last_step = max(self.last_step, s.step)
+                self._committed(s.last_checkpoint)
         self._journal_fallbacks(probes)
         if self.incident is not None and not self.incident.phases:
             self.incident.step = max(self.incident.step, self.last_step)  # steps until it died
@@ -338,4 +404,5 @@ HANDLERS: dict[Action, Callable[..., int | None]] = {
     Action.RESTART: Watcher._restart,
     Action.RESUME: Watcher._resume,
     Action.FINISH: Watcher._finish,
+    Action.STOP: Watcher._stop,
 }

@@ -22,15 +22,14 @@ from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
 from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
 
-from ops.probe import last_line, parse_probe, probe_script
+from ops.probe import Probe, last_line, parse_probe, probe_script
 from ops.provider import Worker
-from ops.recovery import Probe
 
 ROOT = '"${TPUPOD_ROOT:-/var/lib/tpupod}"'
-# trainerctl as root: directly when the login is root, else through passwordless sudo.
-SUDO_TRAINERCTL = (
+# jobctl as root: directly when the login is root, else through passwordless sudo.
+SUDO_JOBCTL = (
     'R={root}; if [ "$(id -u)" = 0 ]; then AS=; else AS="sudo -n"; fi; '
-    '$AS env TPUPOD_ROOT="$R" {env}"$R/current/bootstrap/trainerctl.sh" {verb}'
+    '$AS env TPUPOD_ROOT="$R" {env}"$R/current/bootstrap/jobctl.sh" {verb}'
 )
 # Any script as root, the same way (`bash -c`, the script quoted once).
 AS_ROOT = (
@@ -38,7 +37,7 @@ AS_ROOT = (
     '$AS env TPUPOD_ROOT="$R" bash -c {script}'
 )
 SUDO_REFUSED = (
-    "worker {index}: user {user} cannot run trainerctl as root (passwordless sudo refused); "
+    "worker {index}: user {user} cannot run jobctl as root (passwordless sudo refused); "
     "grant roles/compute.osAdminLogin (OS Login) or add {user} to sudoers"
 )
 SSH_EXIT = 255  # ssh / gcloud's own failure: retryable
@@ -163,26 +162,31 @@ class WorkerGroup:
             raise WorkerError(f"{what} failed on {len(bad)} worker(s): {detail}")
         return outcomes
 
-    # -- the trainer ---------------------------------------------------------------------------
-    def trainerctl(
-        self, verb: str, timeout: float | None = None, stop_timeout: float | None = None
+    # -- the job -------------------------------------------------------------------------------
+    def jobctl(
+        self,
+        verb: str,
+        timeout: float | None = None,
+        stop_timeout: float | None = None,
+        attempt: int | None = None,
     ) -> dict[int, Outcome]:
-        """As root (the trainer's unit is root's); `stop_timeout`: seconds from SIGTERM to
-        SIGKILL (a hung trainer never saves). A refused sudo is one line naming the fix."""
-        outcomes = self.run(trainerctl_command(verb, stop_timeout), timeout=timeout)
+        """As root (the job's unit is root's); `stop_timeout`: seconds from SIGTERM to SIGKILL
+        (default: the job's grace_s; a hung job never saves); `attempt`: the attempt `start`
+        begins. A refused sudo is one line naming the fix."""
+        outcomes = self.run(jobctl_command(verb, stop_timeout, attempt), timeout=timeout)
         refused = [o for o in outcomes.values() if not o.ok and sudo_refused(o.stderr)]
         if refused:
             o = refused[0]
             user = self.by_index[o.index].user or "the login user"
             raise WorkerError(SUDO_REFUSED.format(index=o.index, user=user))
-        return self._checked(outcomes, f"trainerctl {verb}")
+        return self._checked(outcomes, f"jobctl {verb}")
 
-    def restart(self, stop_timeout: float = 120.0) -> None:
+    def restart(self, attempt: int | None = None, stop_timeout: float | None = None) -> None:
         """Stop on every worker, clear stale locks everywhere, then start everywhere: no worker
         may start while another still holds the old job's coordinator or TPU."""
-        self.trainerctl("stop", timeout=stop_timeout)
-        self.trainerctl("clear-locks")
-        self.trainerctl("start")
+        self.jobctl("stop", timeout=(stop_timeout or 600.0) + 60.0, stop_timeout=stop_timeout)
+        self.jobctl("clear-locks")
+        self.jobctl("start", attempt=attempt)
 
     def probe(self) -> list[Probe]:
         outcomes = self.run(PROBE_SCRIPT, timeout=20.0)
@@ -194,9 +198,10 @@ class WorkerGroup:
         return {i: (o.stdout if o.ok else None) for i, o in outcomes.items()}
 
 
-def trainerctl_command(verb: str, stop_timeout: float | None = None) -> str:
+def jobctl_command(verb: str, stop_timeout: float | None = None, attempt: int | None = None) -> str:
     env = f"TPUPOD_STOP_TIMEOUT={int(stop_timeout)} " if stop_timeout is not None else ""
-    return SUDO_TRAINERCTL.format(root=ROOT, env=env, verb=verb)
+    env += f"TPUPOD_ATTEMPT={int(attempt)} " if attempt is not None else ""
+    return SUDO_JOBCTL.format(root=ROOT, env=env, verb=verb)
 
 
 def as_root(script: str) -> str:

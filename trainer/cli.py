@@ -18,7 +18,8 @@ from trainer import allocator, events
 
 ENV = {
     "workdir": "TPUPOD_WORKDIR",
-    "coordinator": "TPUPOD_COORDINATOR",
+    "run_dir": "TPUPOD_RUN_DIR",  # the job contract's run directory: the workdir under tpupod
+    "coordinator": "JAX_COORDINATOR_ADDRESS",
     "num_processes": "TPUPOD_NUM_PROCESSES",
     "process_id": "TPUPOD_PROCESS_ID",
     "status_file": "TPUPOD_STATUS_FILE",
@@ -47,8 +48,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="preset (tiny, small, 350m, 1b) or a YAML file")
     p.add_argument(
         "--workdir",
-        default=env(ENV["workdir"]),
-        help="run directory, local path or gs://bucket/prefix [$TPUPOD_WORKDIR]",
+        default=env(ENV["workdir"]) or env(ENV["run_dir"]),
+        help="run directory, local path or gs://bucket/prefix [$TPUPOD_WORKDIR, $TPUPOD_RUN_DIR]",
     )
     p.add_argument("--steps", type=int, help="total steps to train to (overrides the config)")
     p.add_argument("--seed", type=int, help="seed for init and data order (overrides the config)")
@@ -62,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--coordinator",
         default=env(ENV["coordinator"]),
-        help="HOST:PORT of process 0's coordinator [$TPUPOD_COORDINATOR]",
+        help="HOST:PORT of process 0's coordinator [$JAX_COORDINATOR_ADDRESS]",
     )
     p.add_argument(
         "--num-processes",
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         hb.update(state=TrainerState.INITIALIZING)
         if not args.workdir:
-            raise BadInput("--workdir (or $TPUPOD_WORKDIR) is required")
+            raise BadInput("--workdir (or $TPUPOD_WORKDIR, $TPUPOD_RUN_DIR) is required")
         from trainer import storage
 
         workdir = storage.normalize(args.workdir)

@@ -26,8 +26,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=USAGE, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--workdir",
-        default=os.environ.get("TPUPOD_WORKDIR"),
-        help="the run's directory, local or gs:// [$TPUPOD_WORKDIR]",
+        default=os.environ.get("TPUPOD_WORKDIR") or os.environ.get("TPUPOD_RUN_DIR"),
+        help="the run's directory, local or gs:// [$TPUPOD_WORKDIR, $TPUPOD_RUN_DIR]",
     )
     p.add_argument("--step", type=int, help="checkpoint step (default: the latest committed)")
     p.add_argument("--prompt", required=True, help="text to continue ('' starts a document)")
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's read-only notices
     try:
         if not args.workdir:
-            raise BadInput("--workdir (or $TPUPOD_WORKDIR) is required")
+            raise BadInput("--workdir (or $TPUPOD_WORKDIR, $TPUPOD_RUN_DIR) is required")
         step, text, info = generate(
             args.workdir, args.prompt, args.tokens, args.temperature, args.seed, args.step
         )

@@ -22,6 +22,7 @@ import pytest
 
 from infra import metadata
 from infra.bundle_archive import BUNDLE_PATHS, PROJECT_ROOT, Bundle, build_bundle
+from infra.job import builtin
 from localpod import procs, storage
 from localpod.environment import worker_env
 from localpod.metadata_server import MetadataServer, MetadataStore
@@ -30,6 +31,12 @@ BUCKET = "tpupod-local-ckpt"
 STACK = "local"
 # Long enough to outlive every test that expects a running trainer; teardown stops it.
 TRAINER_ARGS = "--config tiny --steps 100000"
+RUN_ID = "r1"
+
+
+def job_json(trainer_args: str = TRAINER_ARGS) -> str:
+    """The `tpupod-job` metadata of the built-in trainer's job with these arguments."""
+    return builtin(trainer_args).spec.to_json()
 
 
 def stage_bundle_root(dest: Path, marker: str = "") -> Path:
@@ -75,7 +82,8 @@ class Slice:
             bundle_object=bundle.object_name,
             bundle_sha256=bundle.sha256,
             stack=STACK,
-            trainer_args=TRAINER_ARGS,
+            job_json=job_json(TRAINER_ARGS),
+            run_id=RUN_ID,
             uv_group="",
             coordinator_port=port,
         )
@@ -154,9 +162,9 @@ class Slice:
         except (FileNotFoundError, ValueError):
             return None
 
-    def trainer_pid(self, index: int) -> int | None:
+    def job_pid(self, index: int) -> int | None:
         try:
-            return int((self.root(index) / "trainer.pid").read_text())
+            return int((self.root(index) / "job.pid").read_text())
         except (FileNotFoundError, ValueError):
             return None
 
@@ -170,18 +178,16 @@ class Slice:
             ):
                 return found
             for i in indices:
-                exit_file = self.root(i) / "trainer.exit"
-                if exit_file.exists() and self.trainer_pid(i) is None:
-                    log = (self.root(i) / "trainer.log").read_text()[-3000:]
-                    raise AssertionError(
-                        f"worker {i} trainer exited {exit_file.read_text()}:\n{log}"
-                    )
+                exit_file = self.root(i) / "job.exit"
+                if exit_file.exists() and self.job_pid(i) is None:
+                    log = (self.root(i) / "job.log").read_text()[-3000:]
+                    raise AssertionError(f"worker {i} job exited {exit_file.read_text()}:\n{log}")
             time.sleep(0.2)
-        logs = {i: (self.root(i) / "trainer.log").read_text()[-2000:] for i in indices}
+        logs = {i: (self.root(i) / "job.log").read_text()[-2000:] for i in indices}
         raise AssertionError(f"not training after {timeout:.0f}s: {found}\n{logs}")
 
-    def trainerctl(self, index: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        ctl = self.root(index) / "current" / "bootstrap" / "trainerctl.sh"
+    def jobctl(self, index: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        ctl = self.root(index) / "current" / "bootstrap" / "jobctl.sh"
         return subprocess.run(
             ["bash", str(ctl), *args],
             env=self.env(index),
@@ -193,15 +199,15 @@ class Slice:
 
     def cleanup(self) -> None:
         """Stop what the tests started: bootstraps, then the trainers (all workers at once, as
-        a multi-host job stops), then any process group trainerctl left recorded."""
+        a multi-host job stops), then any process group jobctl left recorded."""
         for proc in self.running:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        pids = {i: self.trainer_pid(i) for i in range(len(self.addresses))}
+        pids = {i: self.job_pid(i) for i in range(len(self.addresses))}
         stops = [
             subprocess.Popen(
-                ["bash", str(self.root(i) / "current" / "bootstrap" / "trainerctl.sh"), "stop"],
+                ["bash", str(self.root(i) / "current" / "bootstrap" / "jobctl.sh"), "stop"],
                 env={**self.env(i), "TPUPOD_STOP_TIMEOUT": "10"},
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -212,9 +218,9 @@ class Slice:
         for stop in stops:
             stop.wait(timeout=60)
         for i, pid in pids.items():
-            # Still recorded: the group our trainerctl made (a group id is not reused while the
+            # Still recorded: the group our jobctl made (a group id is not reused while the
             # group has members).
-            if pid and self.trainer_pid(i) == pid:
+            if pid and self.job_pid(i) == pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
 

@@ -24,7 +24,7 @@ def test_missing_bucket_key_names_the_metadata_phase(single, bundles):
     log = (single.root(0) / "bootstrap.log").read_text()
     assert "[metadata] FAILED: metadata key tpupod-bucket is missing" in log
     assert "[uv]" not in log
-    assert not (single.root(0) / "trainer.env").exists()
+    assert not (single.root(0) / "job.env").exists()
 
 
 def test_bundle_hash_mismatch_is_refused(single, bundles):

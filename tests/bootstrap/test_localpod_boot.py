@@ -30,7 +30,8 @@ from localpod.pod import LocalPod, WorkerInfo
 pytestmark = pytest.mark.e2e
 
 PHASES = [
-    "metadata", "uv", "bundle", "sync", "clear-stale", "trainer-env", "bytecode", "start-trainer"
+    "metadata", "uv", "bundle", "sync", "job-python", "clear-stale", "job-env", "bytecode",
+    "start-job",
 ]  # fmt: skip
 # Like the guest agent: fetch the script from metadata into a file, run it with bash.
 RERUN = (
@@ -87,11 +88,7 @@ def wait_first_step(roots: list[Path], timeout: float = 240.0) -> dict[int, floa
             boot = read(root / "bootstrap.json")
             assert not boot or boot["state"] != "failed", boot
         if time.monotonic() > deadline:
-            logs = [
-                (r / "trainer.log").read_text()[-2000:]
-                for r in roots
-                if (r / "trainer.log").exists()
-            ]
+            logs = [(r / "job.log").read_text()[-2000:] for r in roots if (r / "job.log").exists()]
             raise AssertionError(f"no first step after {timeout:.0f}s: {seen}\n{logs}")
         time.sleep(0.1)
     return seen
@@ -191,9 +188,10 @@ def test_local_pod_boots_both_workers_to_training(local_pod):
         assert all(p["state"] == "ok" for p in boot["phases"])
         status = read(root / "status.json")
         assert status["process_id"] == i and status["step"] >= 1
-        env = dict(line.split("=", 1) for line in (root / "trainer.env").read_text().splitlines())
+        env = dict(line.split("=", 1) for line in (root / "job.env").read_text().splitlines())
         assert env["TPUPOD_NUM_PROCESSES"] == "2" and env["TPUPOD_PROCESS_ID"] == str(i)
-        assert env["TPUPOD_COORDINATOR"].startswith(local_pod.describe().workers[0].host + ":")
+        assert env["JAX_COORDINATOR_ADDRESS"].startswith(local_pod.describe().workers[0].host + ":")
+        assert env["TPUPOD_RUN_ID"] == local_pod.run_id
         assert len(trainer_processes(root)) == 1
         # A new bucket holds no bytecode yet: the first trainer publishes it.
         assert bytecode_marker(root)["found"] is False
@@ -205,7 +203,7 @@ def test_local_pod_rerun_over_ssh_changes_nothing(local_pod):
     roots = roots_of(local_pod)
     workers = local_pod.describe().workers
     wait_first_step(roots)
-    pids = [(root / "trainer.pid").read_text().strip() for root in roots]
+    pids = [(root / "job.pid").read_text().strip() for root in roots]
     bundles = [sorted(p.name for p in (root / "bundles").iterdir()) for root in roots]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(ssh, workers, [RERUN] * 2, [None] * 2, [True] * 2))
@@ -214,16 +212,16 @@ def test_local_pod_rerun_over_ssh_changes_nothing(local_pod):
         sync = phase_lines(result.stdout, "sync")
         assert sync and not any("Installed" in line for line in sync), result.stdout
         assert any("already present" in line for line in phase_lines(result.stdout, "bundle"))
-        start = phase_lines(result.stdout, "start-trainer")
-        assert any("trainer already running" in line for line in start), result.stdout
+        start = phase_lines(result.stdout, "start-job")
+        assert any("job already running" in line for line in start), result.stdout
         assert read(root / "bootstrap.json")["state"] == "ok"
-    assert [(root / "trainer.pid").read_text().strip() for root in roots] == pids
+    assert [(root / "job.pid").read_text().strip() for root in roots] == pids
     assert [sorted(p.name for p in (root / "bundles").iterdir()) for root in roots] == bundles
     # One trainer per worker, the same one, still beating.
     rerun_done = time.time()
     for worker, root in zip(workers, roots, strict=True):
         assert len(trainer_processes(root)) == 1
-        status = ssh(worker, '"$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" status')
+        status = ssh(worker, '"$TPUPOD_ROOT/current/bootstrap/jobctl.sh" status')
         assert status.stdout.strip() == f"running pid {pids[worker.index]}"
         deadline = time.monotonic() + 30
         while read(root / "status.json")["heartbeat"] <= rerun_done:
@@ -237,7 +235,7 @@ def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
     new = bundles[1]
     old = [os.readlink(root / "current").split("/")[-1] for root in roots]
     assert new.sha256 not in old
-    old_pids = [int((root / "trainer.pid").read_text()) for root in roots]
+    old_pids = [int((root / "job.pid").read_text()) for root in roots]
     # Worker 0's trainer publishes its imports' bytecode; the new bundle's venv restores it.
     wait_for_object(local_pod, bytecode_marker(roots[0])["uri"])
     storage.upload_bundle(info.pod["emulator_url"], info.pod["bucket"], new)
@@ -255,9 +253,9 @@ def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
         stale = phase_lines(result.stdout, "clear-stale")
         assert any(f"runs bundle {old[i]}, want {new.sha256}" in line for line in stale)
         # Exit 75 once its preemption save commits; SIGKILL (137) after the stop timeout if not.
-        assert any("trainer stopped (exit code" in line for line in stale), result.stdout
+        assert any("job stopped (exit code" in line for line in stale), result.stdout
         assert not procs.alive(old_pids[i])
-        assert int((root / "trainer.pid").read_text()) != old_pids[i]
+        assert int((root / "job.pid").read_text()) != old_pids[i]
         marker = bytecode_marker(root)
         assert marker["found"] is True and marker["restored"] > 100, marker
         restored = phase_lines(result.stdout, "bytecode")
@@ -265,12 +263,12 @@ def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
     wait_first_step(roots)
     for root in roots:
         (pid,) = trainer_processes(root)
-        assert os.readlink(f"/proc/{pid}/cwd").endswith(new.sha256)
+        assert os.readlink(f"/proc/{pid}/cwd").endswith(f"{new.sha256}/job")
 
 
 def test_local_pod_metadata_without_bucket_names_the_phase(local_pod):
     worker, root = local_pod.describe().workers[0], roots_of(local_pod)[0]
-    pid = (root / "trainer.pid").read_text()
+    pid = (root / "job.pid").read_text()
     with changed_metadata(local_pod, **{"tpupod-bucket": None}) as hosts:
         result = ssh(worker, RERUN, {"GCE_METADATA_HOST": hosts[0]}, root=True)
     assert not result.ok
@@ -281,4 +279,4 @@ def test_local_pod_metadata_without_bucket_names_the_phase(local_pod):
     assert expected in result.stdout
     assert expected in (root / "bootstrap.log").read_text()
     # It failed before touching anything: the trainer runs on.
-    assert (root / "trainer.pid").read_text() == pid and trainer_processes(root)
+    assert (root / "job.pid").read_text() == pid and trainer_processes(root)

@@ -1,4 +1,4 @@
-"""When a re-run restarts the trainer: only for new code or a changed trainer environment.
+"""When a re-run restarts the job: only for new code or a changed job (its spec or environment).
 
 One worker of the bare slice, with a bundle whose `trainer` package is a small stdlib stand-in
 (the real trainer's start-up would add half a minute and test nothing more here).
@@ -11,6 +11,7 @@ import subprocess
 import time
 
 from infra.bundle_archive import build_bundle
+from infra.job import builtin
 
 STANDIN = '''"""Stand-in trainer: status file per the seam, exit 75 on SIGTERM."""
 import json, os, signal, sys, time
@@ -77,15 +78,16 @@ def test_unchanged_reruns_keep_the_trainer_changed_args_restart_it(single, stage
     assert [r.returncode for r in again] == [0, 0], again
     outputs = "\n---\n".join(r.output for r in again)
     assert "another bootstrap is running" in outputs, outputs
-    assert all("trainer already running" in r.output for r in again), outputs
+    assert all("job already running" in r.output for r in again), outputs
     assert wait_pid(single) == pid
 
-    single.publish(bundle, tpupod_trainer_args="--config tiny --steps 7")
+    single.publish(bundle, tpupod_job=builtin("--config tiny --steps 7").spec.to_json())
     (changed,) = single.boot()
     assert changed.returncode == 0, changed.output
-    assert "trainer environment changed" in changed.output
+    assert "job environment changed" in changed.output
     new = wait_pid(single, not_pid=pid)
     assert status(single)["args"] == ["--config", "tiny", "--steps", "7"]
-    assert (single.root(0) / "trainer.exit").exists() is False  # removed by the new start
-    assert "trainer exited with 75" in (single.root(0) / "trainer.log").read_text()
-    assert single.trainer_pid(0) != pid and new != pid
+    assert (single.root(0) / "job.exit").exists() is False  # moved aside by the new start
+    assert (single.root(0) / "job.last-exit").read_text().strip() == "75"
+    assert "job exited 75 after SIGTERM" in (single.root(0) / "job.log").read_text()
+    assert single.job_pid(0) != pid and new != pid

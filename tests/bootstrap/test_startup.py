@@ -19,7 +19,7 @@ def test_shellcheck_clean():
     assert result.returncode == 0, result.stdout
 
 
-UNIT = PROJECT_ROOT / "bootstrap" / "tpupod-trainer.service"
+UNIT = PROJECT_ROOT / "bootstrap" / "tpupod-job.service"
 HARDENING = {
     "NoNewPrivileges": "yes",
     "RestrictSUIDSGID": "yes",
@@ -36,7 +36,7 @@ LEFT_OUT = ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock", "Pr
 
 
 def rendered_unit(tmp_path) -> Path:
-    """As trainerctl.sh's install_unit writes it."""
+    """As jobctl.sh's install_unit writes it."""
     text = UNIT.read_text().replace("@TPUPOD_ROOT@", "/var/lib/tpupod")
     path = tmp_path / UNIT.name
     path.write_text(text.replace("@STOP_TIMEOUT@", "90"))

@@ -1,7 +1,7 @@
 """Shared e2e fixtures: an emulator-backed 2-worker local pod in a tmp dir, always torn down.
 
 The pod boots a small stand-in startup script (not bootstrap/startup.sh) that reads its metadata,
-detaches a fake trainer with setsid + pidfile, the way trainerctl.sh does on the local pod, and
+detaches a fake trainer with setsid + pidfile, the way jobctl.sh does on the local pod, and
 reports its bootstrap ok.
 """
 
@@ -22,10 +22,10 @@ set -euo pipefail
 md() { curl -sf -H 'Metadata-Flavor: Google' "http://$GCE_METADATA_HOST/computeMetadata/v1/$1"; }
 mkdir -p "$TPUPOD_ROOT"
 number=$(md instance/attributes/agent-worker-number)
-setsid bash -c 'echo $$ > "$TPUPOD_ROOT/trainer.pid"; exec sleep 3600' </dev/null >/dev/null 2>&1 &
-while [ ! -s "$TPUPOD_ROOT/trainer.pid" ]; do sleep 0.05; done
+setsid bash -c 'echo $$ > "$TPUPOD_ROOT/job.pid"; exec sleep 3600' </dev/null >/dev/null 2>&1 &
+while [ ! -s "$TPUPOD_ROOT/job.pid" ]; do sleep 0.05; done
 echo "$number" > "$TPUPOD_ROOT/booted"
-echo '{"state": "ok", "phase": "trainer"}' > "$TPUPOD_ROOT/bootstrap.json"
+echo '{"state": "ok", "phase": "start-job"}' > "$TPUPOD_ROOT/bootstrap.json"
 """
 
 

@@ -1,7 +1,8 @@
-"""`tpupod demo` as the README runs it: a hang, then a preemption with notice (its first recreate meets a
-stockout) on a real local pod, recovered by the pod's watcher VM (its own `tpupod watch` through the
-pod's TPU API) while the demo process only observes; final weights bitwise equal to an
-uninterrupted run (the demo exits 0 only then)."""
+"""`tpupod demo` as the README runs it: the built-in trainer's job meets a hang, a crash, then a
+preemption with notice (its first recreate meets a stockout) on a real local pod, recovered by
+the pod's watcher VM (its own `tpupod watch` through the pod's TPU API) while the demo process
+only observes; its final checkpoint bitwise equal, array by array, to an uninterrupted run's (the
+demo exits 0 only then)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     watcher = [e for e in events if e.get("by") != "demo"]
     detected = {e["kind"]: e for e in watcher if e["event"] == "detected"}
     resumed = {e["kind"]: e for e in watcher if e["event"] == "resumed"}
-    assert set(detected) == set(resumed) == {"preemption", "hang"}, messages
+    assert set(detected) == set(resumed) == {"preemption", "hang", "crash"}, messages
     # preemption with notice: detected within 2 s, resumed exactly at the preemption step
     latency = detected["preemption"]["time"] - injected["preemption"]
     print(f"preemption detected {latency:.2f}s after injection")
@@ -58,7 +59,9 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     names = [e["event"] for e in watcher]
     assert names.count("stockout") == 1 and names.count("recreated") == 1, messages
     done = next(e for e in watcher if e["event"] == "done")
-    assert (done["preemptions"], done["failures"]) == (1, 1), messages
+    assert (done["preemptions"], done["failures"]) == (1, 2), messages
+    attempts = [e["attempt"] for e in watcher if e["event"] in ("restarted", "recreated")]
+    assert attempts == [2, 3, 4], messages  # hang, crash, preemption: each a new attempt
     # the hang is found by heartbeat age; its stacks go to the bucket before every worker restarts
     assert "heartbeat" in detected["hang"]["message"], messages
     forensics = next(e for e in watcher if e["event"] == "forensics")
@@ -67,5 +70,7 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     assert names.index("forensics") < names.index("restarted"), messages
     assert "recovered by" in out and watcher_vm.HOLDER in out
     assert "equals uninterrupted run" in out and "yes" in out.split("equals uninterrupted run")[1]
+    words = " ".join(out.replace("│", " ").split())  # the table wraps its cells
+    assert "bitwise equal" in words and "arrays and" in words, words
     assert not list(pod_dir.glob("pod.json"))  # torn down
     assert not watcher_vm.running(pod_dir)

@@ -1,11 +1,11 @@
-"""Hang forensics through the real `watch`: worker 0's trainer hangs inside a known function,
+"""Hang forensics through the real `watch`: worker 0's job hangs inside a known function,
 worker 1's keeps beating; watch (its state in the pod's bucket, as the CLI runs it) detects the
 hang and, before restarting, stores every worker's py-spy stacks and log tail beside the journal
 and in the bucket, names the files in the journal, and `tpupod logs --incident N` prints them,
 from the bucket when the journal's directory has none (a laptop reading the watcher VM's).
 
-The pod boots a stand-in startup script (like tests/e2e/conftest.py's) whose "trainer" is a small
-Python script run under a wrapper (`trainer.pid` = the wrapper, as with trainerctl.sh), and whose
+The pod boots a stand-in startup script (like tests/e2e/conftest.py's) whose job is a small
+Python script run under a wrapper (`job.pid` = the wrapper, as with jobctl.sh), and whose
 bundle environment has py-spy where a real worker's `.venv` has it.
 """
 
@@ -22,7 +22,7 @@ import pytest
 from rich.console import Console
 
 from localpod.pod import LocalPod
-from ops.demo import pod_provider
+from ops.demo_reference import pod_provider
 from ops.journal import Journal
 from ops.recovery import Limits
 from ops.remote_state import RemoteState
@@ -61,11 +61,11 @@ mkdir -p "$TPUPOD_ROOT/current/.venv/bin"
 ln -sf @PY_SPY@ "$TPUPOD_ROOT/current/.venv/bin/py-spy"
 cat > "$TPUPOD_ROOT/stand_in.py" <<'PY'
 @STAND_IN@PY
-setsid bash -c 'echo $$ > "$TPUPOD_ROOT/trainer.pid"
-  @PYTHON@ "$TPUPOD_ROOT/stand_in.py" '"$number"' >> "$TPUPOD_ROOT/trainer.log" 2>&1' \
+setsid bash -c 'echo $$ > "$TPUPOD_ROOT/job.pid"
+  @PYTHON@ "$TPUPOD_ROOT/stand_in.py" '"$number"' >> "$TPUPOD_ROOT/job.log" 2>&1' \
   </dev/null >/dev/null 2>&1 &
 while [ ! -s "$TPUPOD_ROOT/status.json" ]; do sleep 0.05; done
-echo '{"state": "ok", "phase": "trainer"}' > "$TPUPOD_ROOT/bootstrap.json"
+echo '{"state": "ok", "phase": "start-job"}' > "$TPUPOD_ROOT/bootstrap.json"
 """
 
 

@@ -17,7 +17,7 @@ import pytest
 from infra import metadata
 from localpod import procs, storage
 from localpod.pod import LocalPod
-from ops.demo import pod_provider
+from ops.demo_reference import pod_provider
 from ops.provider import SliceState
 
 pytestmark = pytest.mark.e2e

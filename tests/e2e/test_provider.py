@@ -14,7 +14,7 @@ import pytest
 from google.api_core.exceptions import NotFound
 
 from localpod.pod import LocalPod
-from ops.demo import pod_provider
+from ops.demo_reference import pod_provider
 from ops.incident import IncidentStore
 from ops.journal import Journal
 from ops.phases import Phase
@@ -96,36 +96,36 @@ def test_describe_and_ssh_through_iap_with_pinned_host_keys(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the login is unprivileged only in a root pod")
-def test_trainerctl_runs_as_root_through_sudo_and_a_refusal_is_one_line(pod: LocalPod) -> None:
+def test_jobctl_runs_as_root_through_sudo_and_a_refusal_is_one_line(pod: LocalPod) -> None:
     info = pod_provider(pod.paths.root).describe()
-    for i in (0, 1):  # a trainerctl that only root can run: it writes into $TPUPOD_ROOT
+    for i in (0, 1):  # a jobctl that only root can run: it writes into $TPUPOD_ROOT
         ctl = pod.paths.root / "workers" / str(i) / "tpupod" / "current" / "bootstrap"
         ctl.mkdir(parents=True, exist_ok=True)
-        (ctl / "trainerctl.sh").write_text('#!/bin/sh\necho "$1" >> "$TPUPOD_ROOT/ctl.log"\n')
-        (ctl / "trainerctl.sh").chmod(0o755)
+        (ctl / "jobctl.sh").write_text('#!/bin/sh\necho "$1" >> "$TPUPOD_ROOT/ctl.log"\n')
+        (ctl / "jobctl.sh").chmod(0o755)
     with WorkerGroup(info.workers, retries=0) as group:
         ids = group.check(as_root('id -u; echo "$TPUPOD_ROOT"'), "id as root")
         root = pod.paths.root / "workers"
         assert {i: o.stdout for i, o in ids.items()} == {
             i: f"0\n{root}/{i}/tpupod\n" for i in (0, 1)
         }
-        group.trainerctl("start")
+        group.jobctl("start")
         logs = group.read("ctl.log")
         assert logs == {0: "start\n", 1: "start\n"}
         # without sudo the login user cannot: the pod reproduces the split
-        bare = group.run('"$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" start')
+        bare = group.run('"$TPUPOD_ROOT/current/bootstrap/jobctl.sh" start')
         assert not any(o.ok for o in bare.values())
         spool = pod.paths.root / "workers" / "1" / "sudo-spool"
         mode = spool.stat().st_mode & 0o7777
         spool.chmod(0o755)  # the login may no longer ask: sudo -n refuses
         try:
             with pytest.raises(WorkerError) as refused:
-                group.trainerctl("stop")
+                group.jobctl("stop")
         finally:
             spool.chmod(mode)
     user = info.workers[1].user
     assert str(refused.value) == (
-        f"worker 1: user {user} cannot run trainerctl as root (passwordless sudo refused); "
+        f"worker 1: user {user} cannot run jobctl as root (passwordless sudo refused); "
         f"grant roles/compute.osAdminLogin (OS Login) or add {user} to sudoers"
     )
 

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from rich.console import Console
 
 from localpod import watcher_vm
 from localpod.pod import LocalPod
 from ops import oslogin
-from ops.demo import read_object, run_reference
+from ops.demo_reference import compare_runs, run_reference
 from ops.remote_state import RemoteState
 from ops.target import local_target
 
@@ -121,7 +120,10 @@ def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod):
     assert done["step"] == STEPS and done["preemptions"] == 1 and done["failures"] == 0
     lease = json.loads(state.blob("lease.json").download_as_bytes())
     assert lease["holder"] == watcher_vm.HOLDER and lease["expires"] <= time.time()  # released
-    summary = read_object(pod.paths.root, "runs/local/summary.json")
-    reference, _ = run_reference(pod, Console(stderr=True))
-    assert summary and reference
-    assert summary["params_fingerprint"] == reference["params_fingerprint"]
+    ok, _ = run_reference(pod.paths.root, "reference")
+    assert ok
+    run = f"gs://{pod.bucket}/{pod.run_prefix}"
+    comparison = compare_runs(pod.paths.root, f"{run}/checkpoints",
+                              f"{run.rsplit('/', 1)[0]}/reference/checkpoints")  # fmt: skip
+    assert comparison is not None and comparison.equal, comparison
+    assert comparison.step_a == STEPS and comparison.leaves > 10

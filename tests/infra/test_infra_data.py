@@ -1,8 +1,10 @@
 """`tpupod:data`: prepared data named in the stack's bucket (workers get read-only `data/`) or
 anywhere on GCS (no grant here; README says what to grant there), handed to the trainer through
-`tpupod-trainer-args`. Evaluated offline under Pulumi mocks."""
+the built-in trainer's job (`tpupod-job`: its run). Evaluated offline under Pulumi mocks."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -65,7 +67,7 @@ def test_workers_read_the_stacks_data_prefix_only():
     expression = data["condition"]["expression"]
     assert data["role"] == READ_ONLY == "roles/storage.objectViewer"
     assert f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/data/")' in expression
-    args = evaluation.one("gcp:tpu/v2Vm:V2Vm").inputs["metadata"][metadata.TRAINER_ARGS]
+    args = _run(evaluation)
     assert f"--set data=gs://{bucket}/data/corpus-bpe" in args
     resources = [(r.type, r.inputs, r.protect) for r in evaluation.resources]
     found = [v for t, i, p in resources for v in policies.violations(t, i, p)]
@@ -75,5 +77,9 @@ def test_workers_read_the_stacks_data_prefix_only():
 def test_data_elsewhere_adds_no_grant_on_the_stack_bucket():
     evaluation = _evaluate("gs://shared-corpora/web/bpe-32k")
     assert "workers-bucket-data" not in {r.name for r in evaluation.of_type(GRANT)}
-    args = evaluation.one("gcp:tpu/v2Vm:V2Vm").inputs["metadata"][metadata.TRAINER_ARGS]
-    assert args.endswith("--set data=gs://shared-corpora/web/bpe-32k")
+    assert _run(evaluation).endswith("--set data=gs://shared-corpora/web/bpe-32k")
+
+
+def _run(evaluation: offline.Evaluation) -> str:
+    """The built-in job's command line, as the node's metadata carries it."""
+    return json.loads(evaluation.one("gcp:tpu/v2Vm:V2Vm").inputs["metadata"][metadata.JOB])["run"]

@@ -6,6 +6,8 @@ change, rewrite them with `TPUPOD_UPDATE_GOLDEN=1 uv run pytest tests/infra -q` 
 
 from __future__ import annotations
 
+import json
+
 import pulumi
 import pytest
 
@@ -89,13 +91,18 @@ def test_metadata_is_exactly_the_seam(evaluations, stack):
         bundle_object=bundle,
         bundle_sha256=sha,
         stack=stack,
-        trainer_args=config.trainer_command_args,
+        job_json=config.job_definition().spec.to_json(),
+        run_id=config.run_id,
         uv_group="tpu",
     )
     actual = evaluation.one(TPU).inputs["metadata"]
     assert actual == {**expected, **OS_LOGIN_METADATA}
     assert actual[metadata.STARTUP_SCRIPT] == metadata.startup_script()
-    assert actual[metadata.TRAINER_ARGS].startswith(f"--config {config.preset}")
+    # The stack's preset is the built-in trainer's job, declared in the job format.
+    job = json.loads(actual[metadata.JOB])
+    assert job["run"].startswith(f"exec python -m trainer --config {config.preset}")
+    assert job["exit_codes"] == {"preempted": [75], "fatal": [2]}
+    assert actual[metadata.RUN_DIR] == f"gs://{naming.bucket_name(config)}/runs/{stack}/main"
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -156,7 +163,7 @@ def test_outputs(evaluations, stack):
     assert len(values["worker_internal_ips"]) == hosts
     assert "worker_external_ips" not in values
     assert values["tpu_urn"].endswith("gcp:tpu/v2Vm:V2Vm::slice-node")
-    assert values["checkpoint_uri"] == f"{values['bucket_url']}/runs/{stack}"
+    assert values["run_dir"] == f"{values['bucket_url']}/runs/{stack}/{values['run_id']}"
     assert values["bundle_uri"].startswith(f"{values['bucket_url']}/bundles/")
     assert values["ssh_command"].startswith(f"gcloud compute tpus tpu-vm ssh {values['tpu_name']} ")
     assert "--tunnel-through-iap --worker=all" in values["ssh_command"]

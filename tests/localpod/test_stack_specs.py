@@ -10,9 +10,10 @@ the spec's metadata keys, bucket and bundle work, and its trainer starts.
 
 Two metadata values of the request are overridden, because the workers are CPU processes on a
 2-core, 24 GiB machine; nothing else of the exported node changes:
-- `tpupod-trainer-args` becomes `--config tiny --steps 2`: the stacks' presets (350m, 1b) would
-  have every worker allocate gigabytes. Deleting the node the moment bootstrap is ok would only
-  race the trainer's start; the override bounds memory whatever the timing.
+- `tpupod-job` becomes the built-in trainer's job with `--config tiny --steps 2`: the stacks'
+  presets (350m, 1b) would have every worker allocate gigabytes. Deleting the node the moment
+  bootstrap is ok would only race the job's start; the override bounds memory whatever the
+  timing. (The bundle stays the stack's: its `job/` holds the stack's own job file.)
 - `tpupod-uv-group` `tpu` becomes empty: that group adds only libtpu, the TPU runtime (213 MB,
   useless on a CPU worker), which is not in the operator's uv cache, all a worker installs from
   here; the pod's own nodes leave it out the same way (localpod.environment.pod_metadata).
@@ -38,13 +39,15 @@ from google.cloud import storage, tpu_v2
 from infra import catalog, offline
 from infra import metadata as keys
 from infra.bundle_archive import Bundle, build_bundle
+from infra.config import parse, raw_from_config_map
+from infra.job import builtin
 from localpod.pod import LocalPod
 from localpod.state import PodError
 from localpod.tpu_client import client
 
 pytestmark = pytest.mark.e2e
 
-CPU_OVERRIDES = {keys.TRAINER_ARGS: "--config tiny --steps 2", keys.UV_GROUP: ""}
+CPU_OVERRIDES = {keys.JOB: builtin("--config tiny --steps 2").spec.to_json(), keys.UV_GROUP: ""}
 BOOTSTRAP_TIMEOUT_S = 420.0
 # A no-op boot for the node the pod's own `up` creates; it is deleted before the stack's node.
 IDLE_SCRIPT = "#!/bin/bash\ntrue\n"
@@ -181,7 +184,8 @@ def as_json(node: tpu_v2.Node) -> dict:
 @pytest.mark.parametrize("stack", by_hosts())
 def test_stack_spec_creates_a_working_node(stack: str, pods: Pods) -> None:
     # The bundle, then the spec naming it, right away: the tree may change while tests run.
-    bundle = build_bundle()
+    config = parse(raw_from_config_map(offline.stack_config(stack)), stack=stack)
+    bundle = build_bundle(job=config.job_definition())
     spec = offline.evaluate(stack).values["node_spec"]
     workers = hosts_of(spec)
     tpu_v2.Node.from_json(json.dumps(spec["node"]))  # Google's client takes it as exported

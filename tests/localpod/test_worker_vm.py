@@ -1,9 +1,9 @@
 """A local worker behaves like a TPU VM for SSH, privileges and sudo (issue 14 items 4 and 5).
 
-One 2-worker pod boots a startup script that, as root, installs the real trainerctl.sh and starts
-a stand-in trainer with it. Everything is checked with the real clients: OpenSSH's ssh and scp,
-Fabric/paramiko, and google-auth. When the suite runs as root, the login is "nobody" and the
-trainer root's; as a developer, the login is that developer (the root-only checks skip).
+One 2-worker pod boots a startup script that, as root, installs the real jobctl.sh and launcher
+and starts a stand-in job with them. Everything is checked with the real clients: OpenSSH's ssh
+and scp, Fabric/paramiko, and google-auth. When the suite runs as root, the login is "nobody" and
+the job root's; as a developer, the login is that developer (the root-only checks skip).
 """
 
 from __future__ import annotations
@@ -33,18 +33,21 @@ root_only = pytest.mark.skipif(not AS_ROOT, reason="the login is the pod's own u
 STARTUP_SCRIPT = rf"""#!/bin/bash
 set -euo pipefail
 bundle="$TPUPOD_ROOT/bundles/stand-in"
-mkdir -p "$bundle/bootstrap" "$bundle/.venv/bin"
-cp {shlex.quote(str(PROJECT_ROOT / "bootstrap" / "trainerctl.sh"))} "$bundle/bootstrap/"
-printf '#!/bin/bash\ntrap "exit 0" TERM\nsleep 3600 & wait\n' > "$bundle/.venv/bin/python"
-chmod +x "$bundle/.venv/bin/python"
+mkdir -p "$bundle/bootstrap" "$bundle/.venv/bin" "$bundle/job"
+cp {shlex.quote(str(PROJECT_ROOT / "bootstrap" / "jobctl.sh"))} "$bundle/bootstrap/"
+cp {shlex.quote(str(PROJECT_ROOT / "bootstrap" / "jobrun.py"))} "$bundle/bootstrap/"
+ln -sfn {shlex.quote(sys.executable)} "$bundle/.venv/bin/python"
 ln -sfn "$bundle" "$TPUPOD_ROOT/current"
-echo "TPUPOD_TRAINER_ARGS=" > "$TPUPOD_ROOT/trainer.env"
-echo '{{"step": 1}}' > "$TPUPOD_ROOT/status.json"
-"$TPUPOD_ROOT/current/bootstrap/trainerctl.sh" start
+echo '{{"run": "trap \"exit 0\" TERM; sleep 3600 & wait", "progress": "none"}}' \
+  > "$TPUPOD_ROOT/job.json"
+echo "$bundle/.venv" > "$TPUPOD_ROOT/job.venv"
+echo "TPUPOD_RUN_DIR=gs://tpupod-local/runs/local/r" > "$TPUPOD_ROOT/job.env"
+"$TPUPOD_ROOT/current/bootstrap/jobctl.sh" start
+echo '{{"step": 1}}' > "$TPUPOD_ROOT/status.json"  # after the start: the launcher clears it
 touch "$TPUPOD_ROOT/booted"
 """
-TRAINERCTL = '"$TPUPOD_ROOT/current/bootstrap/trainerctl.sh"'
-SUDO_TRAINERCTL = f'sudo -n env TPUPOD_ROOT="$TPUPOD_ROOT" {TRAINERCTL}'
+JOBCTL = '"$TPUPOD_ROOT/current/bootstrap/jobctl.sh"'
+SUDO_JOBCTL = f'sudo -n env TPUPOD_ROOT="$TPUPOD_ROOT" {JOBCTL}'
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +145,7 @@ def test_scp_exits_zero_and_writes_as_the_login_user(vm_pod, ends, tmp_path: Pat
     copied = vm_pod.paths.root / "workers/0/home/notes.txt"
     assert copied.read_text() == "hello worker\n"
     assert pwd.getpwuid(copied.stat().st_uid).pw_name == user
-    if AS_ROOT:  # root's trainer files are not the login's to write
+    if AS_ROOT:  # root's job files are not the login's to write
         denied = scp(f"{user}@{worker.host}:{vm_pod.paths.root}/workers/0/tpupod/notes.txt")
         assert denied.returncode == 1 and "Permission denied" in denied.stderr
 
@@ -154,26 +157,26 @@ def test_probe_reads_root_files_but_cannot_change_them(vm_pod, ends) -> None:
     if AS_ROOT:
         change = ssh(ends, worker.host, 'touch "$TPUPOD_ROOT/x"')
         assert change.returncode != 0 and "Permission denied" in change.stderr
-        kill = ssh(ends, worker.host, 'kill -0 "$(cat "$TPUPOD_ROOT/trainer.pid")"')
+        kill = ssh(ends, worker.host, 'kill -0 "$(cat "$TPUPOD_ROOT/job.pid")"')
         assert kill.returncode == 1 and "Operation not permitted" in kill.stderr
 
 
-def test_trainer_stop_needs_sudo_and_works_with_it(vm_pod, ends) -> None:
+def test_job_stop_needs_sudo_and_works_with_it(vm_pod, ends) -> None:
     worker = vm_pod.describe().workers[1]
-    assert ssh(ends, worker.host, f"{TRAINERCTL} status").returncode == 0
+    assert ssh(ends, worker.host, f"{JOBCTL} status").returncode == 0
     if AS_ROOT:
-        plain = ssh(ends, worker.host, f"TPUPOD_STOP_TIMEOUT=2 {TRAINERCTL} stop")
+        plain = ssh(ends, worker.host, f"TPUPOD_STOP_TIMEOUT=2 {JOBCTL} stop")
         assert plain.returncode != 0
-        assert ssh(ends, worker.host, f"{TRAINERCTL} status").stdout.startswith("running")
-    sudo_stop = SUDO_TRAINERCTL.replace("env ", "env TPUPOD_STOP_TIMEOUT=5 ") + " stop"
+        assert ssh(ends, worker.host, f"{JOBCTL} status").stdout.startswith("running")
+    sudo_stop = SUDO_JOBCTL.replace("env ", "env TPUPOD_STOP_TIMEOUT=5 ") + " stop"
     stop = ssh(ends, worker.host, sudo_stop)
     assert stop.returncode == 0, stop.stderr
-    assert "trainer stopped" in stop.stdout
-    status = ssh(ends, worker.host, f"{TRAINERCTL} status")
+    assert "job stopped" in stop.stdout
+    status = ssh(ends, worker.host, f"{JOBCTL} status")
     assert status.returncode == 3 and status.stdout.startswith("exited")
-    start = ssh(ends, worker.host, f"{SUDO_TRAINERCTL} start")
-    assert start.returncode == 0 and "trainer started" in start.stdout, start.stderr
-    owner = ssh(ends, worker.host, 'stat -c %U "/proc/$(cat "$TPUPOD_ROOT/trainer.pid")"')
+    start = ssh(ends, worker.host, f"{SUDO_JOBCTL} start")
+    assert start.returncode == 0 and "job started" in start.stdout, start.stderr
+    owner = ssh(ends, worker.host, 'stat -c %U "/proc/$(cat "$TPUPOD_ROOT/job.pid")"')
     assert owner.stdout.strip() == ("root" if AS_ROOT else ends["ssh"]["user"])
 
 

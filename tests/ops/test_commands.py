@@ -11,12 +11,12 @@ import time
 import pytest
 
 from ops.cli import build_parser, main
+from ops.job_status import JobStatus
 from ops.journal import Journal, read
-from ops.recovery import Probe
+from ops.probe import Probe
 from ops.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
 from ops.tpu import TpuProvider
 from ops.watch import WatchConfig, Watcher
-from trainer.status import TrainerState, TrainerStatus
 
 
 def test_every_command_is_registered_once():
@@ -123,9 +123,9 @@ def test_watch_journals_a_checkpoint_fallback_once_per_trainer(tmp_path):
     journal = Journal(tmp_path / "j.jsonl")
     watcher = Watcher(TpuProvider(target), journal, WatchConfig())
     line = "checkpoint step 12 unreadable (...): restored step 8"
-    status = TrainerStatus(state=TrainerState.TRAINING, step=9, pid=41, restored_from=8,
-                           message=f"checkpoint_fallback: {line}", heartbeat=time.time())  # fmt: skip
-    plain = TrainerStatus(state=TrainerState.TRAINING, step=9, pid=42, heartbeat=time.time())
+    status = JobStatus(step=9, pid=41, restored_from=8, message=f"checkpoint_fallback: {line}",
+                       updated=time.time())  # fmt: skip
+    plain = JobStatus(step=9, pid=42, updated=time.time())
     for _ in range(3):
         watcher._track([Probe(0, status=status), Probe(1, status=plain)])
     events = [e for e in journal.events if e["event"] == "checkpoint_fallback"]
@@ -144,8 +144,7 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     watcher.since = 0.0
 
     def commits(step):
-        status = TrainerStatus(state=TrainerState.TRAINING, step=step + 3, pid=7,
-                               last_checkpoint=step, heartbeat=time.time())  # fmt: skip
+        status = JobStatus(step=step + 3, pid=7, last_checkpoint=step, updated=time.time())
         watcher._track([Probe(0, status=status)])
 
     commits(100)

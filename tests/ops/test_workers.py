@@ -1,4 +1,4 @@
-"""The Fabric layer against real loopback SSH servers: probes, trainerctl, retries."""
+"""The Fabric layer against real loopback SSH servers: probes, jobctl, retries."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from ops.job_status import JobRules
 from ops.provider import Worker
 from ops.recovery import Limits, WorkerCondition, judge_worker
 from ops.workers import WorkerError, WorkerGroup
@@ -22,10 +23,10 @@ def workers_of(servers):
     ]
 
 
-def install_trainerctl(root, log):
-    ctl = root / "current" / "bootstrap" / "trainerctl.sh"
+def install_jobctl(root, log):
+    ctl = root / "current" / "bootstrap" / "jobctl.sh"
     ctl.parent.mkdir(parents=True)
-    ctl.write_text(f'#!/bin/sh\necho "$1 $(date +%s.%N)" >> {log}\n')
+    ctl.write_text(f'#!/bin/sh\necho "$1 ${{TPUPOD_ATTEMPT:-}} $(date +%s.%N)" >> {log}\n')
     ctl.chmod(0o755)
 
 
@@ -33,33 +34,40 @@ def test_probe_reads_every_status_file(pod):
     root0 = pod[0].root
     (root0 / "bootstrap.json").write_text(json.dumps({"state": "ok", "phase": "trainer"}))
     StatusFile(root0 / "status.json").update(state=TrainerState.TRAINING, step=7, loss=2.5)
-    (root0 / "trainer.exit").write_text("75\n")
+    (root0 / "job.exit").write_text("75\n")
+    (root0 / "job.last-exit").write_text("137\n")
+    (root0 / "job.term").write_text(f"{time.time() - 5}\n")
+    (root0 / "job.attempt").write_text("4\n")
+    (pod[1].root / "status.json").write_text('{"step": 3, "time": 12.5}')  # a job's own
     with WorkerGroup(workers_of(pod)) as group:
         p0, p1 = group.probe()
     assert p0.reachable and p0.bootstrap_state == "ok"
-    assert p0.status.step == 7 and p0.status.state is TrainerState.TRAINING
-    assert p0.exit_code == 75 and p0.exit_mtime > time.time() - 60
+    assert p0.status.step == 7 and p0.status.state == "training" and p0.status.loss == 2.5
+    assert p0.exit_code == 75 and p0.exit_mtime > time.time() - 60 and p0.last_exit == 137
+    assert p0.attempt == 4 and time.time() - 60 < p0.term_at < time.time()
     assert p0.heartbeat_age < 30 and abs(p0.now - time.time()) < 5
-    assert p1.reachable and p1.status is None and p1.bootstrap is None and p1.exit_code is None
-    verdict = judge_worker(p1, since=0, limits=Limits())
+    assert p1.reachable and p1.bootstrap is None and p1.exit_code is None and p1.attempt is None
+    assert (p1.status.step, p1.status.updated, p1.status.heartbeat) == (3, 12.5, None)
+    verdict = judge_worker(p1, since=0, limits=Limits(), rules=JobRules())
     assert verdict.condition is WorkerCondition.BOOTSTRAPPING
 
 
 def test_restart_runs_stop_then_clear_then_start_on_every_worker(pod, tmp_path):
     log = tmp_path / "ctl.log"
     for server in pod:
-        install_trainerctl(server.root, log)
+        install_jobctl(server.root, log)
     with WorkerGroup(workers_of(pod)) as group:
-        group.restart()
-    verbs = [line.split()[0] for line in log.read_text().splitlines()]
+        group.restart(attempt=5)
+    lines = [line.split() for line in log.read_text().splitlines()]
     # every worker stopped before any cleared, every worker cleared before any started
-    assert verbs == ["stop"] * 2 + ["clear-locks"] * 2 + ["start"] * 2
+    assert [line[0] for line in lines] == ["stop"] * 2 + ["clear-locks"] * 2 + ["start"] * 2
+    assert [line[1] for line in lines if line[0] == "start"] == ["5", "5"]  # the attempt
 
 
 def test_failure_names_the_worker(pod, tmp_path):
-    install_trainerctl(pod[0].root, tmp_path / "ctl.log")  # worker 1 has no trainerctl
+    install_jobctl(pod[0].root, tmp_path / "ctl.log")  # worker 1 has no jobctl
     with WorkerGroup(workers_of(pod), retries=0) as group, pytest.raises(WorkerError) as err:
-        group.trainerctl("start")
+        group.jobctl("start")
     assert "worker 1" in str(err.value) and "worker 0" not in str(err.value)
 
 

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# jobctl.sh start|stop|clear-locks|status|bundle: the one supervisor contract (docs/seams.md).
+#
+# Used by startup.sh and by the ops layer over SSH:
+#   "${TPUPOD_ROOT:-/var/lib/tpupod}/current/bootstrap/jobctl.sh" stop
+# Where systemd runs, the job is the unit tpupod-job.service; elsewhere (the local pod) it runs in
+# its own session via setsid with its pid (= process group) in job.pid. Either way the group's
+# leader is bootstrap/jobrun.py (`__run`), which runs the job's `run` with its environment from
+# $TPUPOD_ROOT/current/job, and writes the job's exit code to job.exit when it ends. Nothing
+# restarts a job on its own: a multi-host job restarts as a whole, from the ops layer.
+#   start        start the job (TPUPOD_ATTEMPT=N: as attempt N); a no-op while it runs; exit 3 if
+#                it started but has already exited (its code is in job.exit: the job's failure,
+#                not the launch's)
+#   stop         SIGTERM to its process group, SIGKILL after $TPUPOD_STOP_TIMEOUT s (default: the
+#                job's grace_s, TPUPOD_GRACE_S in job.env); waits
+#   clear-locks  remove libtpu's lockfile (refused while the job runs)
+#   status       print running/exited/stopped; exit 0 only while it runs
+#   bundle       print the sha256 of the bundle the running job uses; exit 1 if none runs
+set -euo pipefail
+
+ROOT="${TPUPOD_ROOT:-/var/lib/tpupod}"
+PIDFILE="$ROOT/job.pid"
+EXITFILE="$ROOT/job.exit"
+LOGFILE="$ROOT/job.log"
+ENVFILE="$ROOT/job.env"
+ATTEMPTFILE="$ROOT/job.attempt"
+grace=$(sed -n 's/^TPUPOD_GRACE_S=\([0-9][0-9]*\)$/\1/p' "$ENVFILE" 2>/dev/null || true)
+STOP_TIMEOUT="${TPUPOD_STOP_TIMEOUT:-${grace:-60}}"
+LOCKFILE="${TPUPOD_LIBTPU_LOCKFILE:-/tmp/libtpu_lockfile}"
+UNIT=tpupod-job.service
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+# /proc/PID/cwd is a physical path: compare with ROOT's.
+ROOT_PHYSICAL="$(cd "$ROOT" 2>/dev/null && pwd -P || echo "$ROOT")"
+
+have_systemd() { [ -d /run/systemd/system ]; }
+
+# Pids in process group $1 whose working directory is in one of our bundles: our job.
+our_group_members() {
+  local member
+  for member in $(ps -eo pid=,pgid= | awk -v g="$1" '$2 == g {print $1}'); do
+    case "$(readlink "/proc/$member/cwd" 2>/dev/null)" in
+    "$ROOT_PHYSICAL"/bundles/*) echo "$member" ;;
+    esac
+  done
+}
+
+# The process group (= the launcher's pid) of the running job, or nothing. The pid in the file
+# counts only while it is our launcher, or while its group still holds a process running from
+# one of our bundles (a job whose launcher died): pids are reused, and the file survives
+# reboots.
+job_pid() {
+  local pid cmdline
+  pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || cmdline=""
+  if [[ "$cmdline" == *"jobctl.sh __run"* ]] || [[ "$cmdline" == *"bootstrap/jobrun.py"* ]] ||
+    [ -n "$(our_group_members "$pid")" ]; then
+    echo "$pid"
+  else
+    return 1
+  fi
+}
+
+cmd_status() {
+  local pid
+  if pid=$(job_pid); then
+    echo "running pid $pid"
+  elif [ -f "$EXITFILE" ]; then
+    echo "exited $(cat "$EXITFILE")"
+    return 3
+  else
+    echo "stopped"
+    return 3
+  fi
+}
+
+cmd_bundle() {
+  local pid member dir
+  pid=$(job_pid) || return 1
+  member=$(our_group_members "$pid")
+  member=${member%%$'\n'*} # the first (no `| head`: SIGPIPE under pipefail)
+  [ -n "$member" ] || return 1
+  dir=$(readlink "/proc/$member/cwd")
+  dir=${dir#"$ROOT_PHYSICAL"/bundles/}
+  echo "${dir%%/*}" # bundles/<sha> or bundles/<sha>/job
+}
+
+install_unit() {
+  local unit="/etc/systemd/system/$UNIT"
+  sed -e "s|@TPUPOD_ROOT@|$ROOT|g" -e "s|@STOP_TIMEOUT@|$((STOP_TIMEOUT + 30))|g" \
+    "$HERE/$UNIT" >"$unit.tmp"
+  if cmp -s "$unit.tmp" "$unit"; then
+    rm -f "$unit.tmp"
+  else
+    mv "$unit.tmp" "$unit"
+    systemctl daemon-reload
+  fi
+}
+
+cmd_start() {
+  local pid
+  if pid=$(job_pid); then
+    echo "job already running (pid $pid)"
+    return 0
+  fi
+  [ -f "$ENVFILE" ] || {
+    echo "no $ENVFILE: run startup.sh first" >&2
+    return 1
+  }
+  if [ -n "${TPUPOD_ATTEMPT:-}" ]; then
+    [[ "$TPUPOD_ATTEMPT" =~ ^[0-9]+$ ]] || {
+      echo "TPUPOD_ATTEMPT=$TPUPOD_ATTEMPT is not a number" >&2
+      return 2
+    }
+    echo "$TPUPOD_ATTEMPT" >"$ATTEMPTFILE"
+  fi
+  # The previous attempt's exit code stays readable (tpupod status) until this one exits.
+  if [ -f "$EXITFILE" ]; then mv -f "$EXITFILE" "$ROOT/job.last-exit"; fi
+  rm -f "$PIDFILE" "$ROOT/job.term"
+  if have_systemd; then
+    install_unit
+    systemctl start "$UNIT"
+  else
+    # Own session and process group, detached from our stdio; the wrapper writes its pid.
+    setsid bash "$ROOT/current/bootstrap/jobctl.sh" __run </dev/null >>"$LOGFILE" 2>&1 &
+  fi
+  for _ in $(seq 100); do
+    if pid=$(job_pid); then
+      echo "job started (pid $pid, attempt $(cat "$ATTEMPTFILE" 2>/dev/null || echo 1))"
+      return 0
+    fi
+    if [ -f "$EXITFILE" ]; then
+      echo "job started and exited $(cat "$EXITFILE") at once; see $LOGFILE" >&2
+      return 3
+    fi
+    sleep 0.1
+  done
+  echo "job did not start; $(cmd_status || true); see $LOGFILE" >&2
+  return 1
+}
+
+# The same under systemd: the unit's main process (the wrapper) is a session and group leader
+# too, and this honours this call's stop timeout rather than the unit's.
+cmd_stop() {
+  local pid waited=0 killed=""
+  if ! pid=$(job_pid); then
+    if have_systemd; then systemctl stop "$UNIT" || true; fi
+    echo "job not running"
+    return 0
+  fi
+  echo "stopping job (process group $pid), SIGKILL after ${STOP_TIMEOUT}s"
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  # A hung (SIGSTOPped) job handles its SIGTERM only once it runs again.
+  kill -CONT -- "-$pid" 2>/dev/null || true
+  while kill -0 -- "-$pid" 2>/dev/null; do
+    if [ "$waited" -ge $((STOP_TIMEOUT * 10)) ]; then
+      [ -n "$killed" ] || echo "job still running after ${STOP_TIMEOUT}s: SIGKILL"
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      killed=1
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  # SIGKILL took the launcher too: record what it could not.
+  if [ -n "$killed" ] && [ ! -f "$EXITFILE" ]; then echo 137 >"$EXITFILE"; fi
+  rm -f "$PIDFILE"
+  if have_systemd; then
+    systemctl stop "$UNIT" || true # nothing left in it: settles the unit's state at once
+  fi
+  echo "job stopped (exit code $(cat "$EXITFILE" 2>/dev/null || echo unknown))"
+}
+
+cmd_clear_locks() {
+  if job_pid >/dev/null; then
+    echo "job is running: not clearing locks" >&2
+    return 1
+  fi
+  rm -f "$PIDFILE"
+  if [ -e "$LOCKFILE" ]; then
+    rm -f "$LOCKFILE"
+    echo "removed $LOCKFILE"
+  fi
+}
+
+# The launcher (bootstrap/jobrun.py) as the process group leader, from the bundle: it outlives
+# the job to record its exit code. The bundle's Python, isolated: stdlib only.
+cmd_run() {
+  cd -P "$ROOT/current"
+  echo $$ >"$PIDFILE.tmp"
+  mv "$PIDFILE.tmp" "$PIDFILE"
+  exec .venv/bin/python -I -S bootstrap/jobrun.py
+}
+
+case "${1:-}" in
+start) cmd_start ;;
+stop) cmd_stop ;;
+clear-locks) cmd_clear_locks ;;
+status) cmd_status ;;
+bundle) cmd_bundle ;;
+__run) cmd_run ;;
+*)
+  echo "usage: $0 start|stop|clear-locks|status|bundle" >&2
+  exit 2
+  ;;
+esac

@@ -1,0 +1,1 @@
+../flax-plain/train.py

@@ -1,0 +1,196 @@
+"""The job contract end to end on a 2-worker local pod, with a job that reports what it is given
+(tests/e2e/jobs/contract: its own `python: uv` environment, a secret, env, status-file progress,
+exit 0 on SIGTERM, exit 2 from its fourth attempt on) and the real `watch` running beside:
+
+1. every variable of the contract, as the job sees it, and its own environment and secret;
+2. `tpupod stop` holds: the watcher, running, undoes nothing; `tpupod start` is attempt 2;
+3. a preemption without notice: the slice is recreated as attempt 3, and attempt 2's output,
+   whose VM is gone, is read from the bucket (`tpupod logs --attempt 2`);
+4. a crash: attempt 4 exits 2 (`exit_codes.fatal`): recovery stops at once, one line in
+   `tpupod status`, watch exits 3;
+5. the secret's value is in no metadata, bundle, environment file or log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from infra import job as jobs
+from infra.bundle_archive import build_bundle
+from localpod.pod import LocalPod
+from ops.cli import main
+from ops.demo_reference import pod_provider
+from ops.job_status import JobRules
+from ops.journal import Journal
+from ops.recovery import Limits
+from ops.remote_state import RemoteState
+from ops.target import local_target
+from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
+CONTRACT = Path(__file__).parent / "jobs" / "contract"
+
+
+class Stop(Exception):
+    """Ends a watcher thread the test no longer needs."""
+
+
+def status(pod: LocalPod, worker: int) -> dict:
+    try:
+        return json.loads((pod.paths.tpupod_root(worker) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait(what: str, check, timeout: float = 120.0):
+    deadline = time.time() + timeout
+    while not (found := check()):
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+    return found
+
+
+def progressing(pod: LocalPod, attempt: int) -> bool:
+    return all(status(pod, i).get("attempt") == attempt and status(pod, i)["step"] >= 3
+               for i in range(2))  # fmt: skip
+
+
+def contract_lines(text: str) -> list[dict]:
+    return [json.loads(line.split(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("contract ")]  # fmt: skip
+
+
+def test_the_job_contract_end_to_end(tmp_path, capsys):
+    job = jobs.load(CONTRACT)
+    pod = LocalPod(tmp_path / "pod", workers=2, job=job)
+    secret = f"s3cr3t-{secrets.token_hex(8)}"
+    pod.set_secret("PROBE_TOKEN", secret.encode())  # as on GCP: the secret exists first
+    stop = threading.Event()
+    outcome: list = []
+    try:
+        pod.up()
+        state = RemoteState.for_target(local_target(pod.paths.root))
+        journal = Journal(tmp_path / "journal.jsonl", Console(stderr=True), sink=state.append)
+        limits = Limits(hang=10, start=120, stall=30, bootstrap=300, ssh=60, preempt_grace=3)
+        config = WatchConfig(limits=limits, rules=JobRules.of(job.spec), poll=0.5,
+                             max_failures=3, ready_deadline=120, backoff_base=0.5)  # fmt: skip
+        watcher = Watcher(pod_provider(pod.paths.root), journal, config, store=state,
+                          hold=state.read_hold)  # fmt: skip
+
+        def guard() -> None:
+            if stop.is_set():
+                raise Stop
+
+        watcher.guard = guard
+        thread = threading.Thread(target=lambda: outcome.append(_run(watcher)), daemon=True)
+        thread.start()
+        cli = ["--stack", "local", "--pod-dir", str(pod.paths.root)]
+
+        # 1. The contract, as the job sees it.
+        wait("attempt 1 progressing", lambda: progressing(pod, 1))
+        endpoints = pod.endpoints()
+        coordinator = pod.describe().workers[0].host
+        for i in range(2):
+            log = (pod.paths.tpupod_root(i) / "logs" / "job-attempt-1.log").read_text()
+            (seen,) = contract_lines(log)
+            run_dir = f"gs://{pod.bucket}/runs/local/{pod.run_id}"
+            assert seen["TPUPOD_RUN_ID"] == pod.run_id and seen["TPUPOD_ATTEMPT"] == "1"
+            assert (seen["TPUPOD_PROCESS_ID"], seen["TPUPOD_NUM_PROCESSES"]) == (str(i), "2")
+            assert seen["JAX_COORDINATOR_ADDRESS"].startswith(f"{coordinator}:")
+            assert seen["TPUPOD_CHECKPOINT_DIR"] == f"{run_dir}/checkpoints"
+            assert seen["TPUPOD_STATUS_FILE"] == str(pod.paths.tpupod_root(i) / "status.json")
+            assert seen["TPUPOD_GRACE_S"] == "10"
+            assert seen["TPUPOD_COMPILE_CACHE"] == f"gs://{pod.bucket}/compile-cache/local"
+            assert seen["STORAGE_EMULATOR_HOST"] == endpoints["storage"]
+            assert seen["TENSORSTORE_GCS_HTTP_URL"] == endpoints["storage"]
+            assert seen["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"
+            assert seen["GREETING"] == "hello world"  # the job's own env
+            assert seen["six"] == "1.16.0" and "/envs/uv-" in seen["prefix"]  # its own venv
+            assert seen["python"].startswith(seen["prefix"])  # `python` is that venv's
+            assert seen["secret_sha256"] == hashlib.sha256(secret.encode()).hexdigest()
+
+        # 2. `tpupod stop` holds while the watcher runs; `tpupod start` is the next attempt.
+        assert main(["stop", *cli, "--reason", "test"]) == 0
+        root = pod.paths.tpupod_root(0)
+        wait("the job stopped", lambda: (root / "job.exit").exists())
+        assert (root / "job.exit").read_text().strip() == "0" and (root / "job.term").exists()
+        time.sleep(limits.preempt_grace + 4)  # exit 0 after SIGTERM: a preemption to resume...
+        names = [e["event"] for e in journal.events]
+        assert "held" in names and "restarted" not in names, names  # ...but held: no action
+        assert not (root / "job.pid").exists() or not progressing(pod, 1)
+        capsys.readouterr()
+        assert main(["start", *cli]) == 0
+        assert "attempt 2" in capsys.readouterr().out
+        wait("attempt 2 progressing", lambda: progressing(pod, 2))
+
+        # 3. A preemption without notice: attempt 3 on a new slice; attempt 2's output from
+        # the bucket (its VM is gone).
+        time.sleep(11)  # one log upload interval of attempt 2
+        pod.preempt(0, wait=False)
+        wait("attempt 3 progressing", lambda: progressing(pod, 3), timeout=180)
+        capsys.readouterr()
+        assert main(["logs", *cli, "--attempt", "2", "-n", "0"]) == 0
+        out = capsys.readouterr().out
+        for i in range(2):
+            lines = [
+                line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(f"[w{i}]")
+            ]
+            (seen,) = contract_lines("\n".join(lines))
+            assert seen["TPUPOD_ATTEMPT"] == "2" and seen["TPUPOD_PROCESS_ID"] == str(i)
+        assert any("job restarted" in e["message"] and e.get("attempt") == 2
+                   for e in journal.events) is False  # attempt 2 was `tpupod start`'s  # fmt: skip
+        assert [e["attempt"] for e in journal.events if e["event"] == "recreated"] == [3]
+
+        # 4. A crash; the next attempt exits 2, a fatal code: recovery stops at once.
+        wait("the preemption resumed", lambda: any(
+            e["event"] == "resumed" and e["kind"] == "preemption" for e in journal.events))  # fmt: skip
+        pod.crash(1)
+        thread.join(timeout=120)
+        assert outcome == [EXIT_GAVE_UP], [e["message"] for e in journal.events]
+        gave_up = [e for e in journal.events if e["event"] == "gave_up"]
+        assert len(gave_up) == 1 and "exited 2" in gave_up[0]["message"], gave_up
+        assert "exit_codes.fatal" in gave_up[0]["message"]
+        restarts = [e["attempt"] for e in journal.events if e["event"] == "restarted"]
+        assert restarts == [4], restarts  # one restart: the fatal exit is not retried
+        detected = [e["kind"] for e in journal.events if e["event"] == "detected"]
+        assert detected == ["preemption", "crash"], detected  # the stop was none
+        capsys.readouterr()
+        assert main(["status", *cli]) == 0
+        shown = capsys.readouterr().out
+        assert "recovery stopped: the job exited fatally" in shown, shown
+        assert f"run {pod.run_id}, attempt 4" in shown and "(exit 2)" in shown, shown
+
+        # 5. The secret's value: nowhere but in the job's process environment.
+        places = {
+            "node spec": pod.paths.node_spec.read_bytes(),
+            "bundle": build_bundle(job=job).data,
+            "bucket": b"".join(
+                state.bucket.blob(b.name).download_as_bytes() for b in state.bucket.list_blobs()
+            ),  # fmt: skip
+        }
+        for i in range(2):
+            r = pod.paths.tpupod_root(i)
+            for path in [r / "job.env", r / "job.json", r / "job.log", r / "bootstrap.log",
+                         *sorted((r / "logs").glob("*"))]:  # fmt: skip
+                places[str(path)] = path.read_bytes()
+        leaked = [where for where, data in places.items() if secret.encode() in data]
+        assert leaked == [], leaked
+        assert secret.encode() not in (tmp_path / "journal.jsonl").read_bytes()
+    finally:
+        stop.set()
+        pod.down()
+
+
+def _run(watcher: Watcher) -> int | str:
+    try:
+        return watcher.run()
+    except Stop:
+        return "stopped"

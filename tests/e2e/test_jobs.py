@@ -1,0 +1,108 @@
+"""Users' programs under tpupod: each example job (examples/jobs) runs on a 2-worker local pod
+through a crash and a preemption, recovered by the real `watch`, and its final committed
+checkpoint equals, array by array and bitwise, the same job's run without faults
+(ops.checkpoint_compare, generic: no knowledge of any job's tree).
+
+- flax-plain (no helper) meets a preemption with notice and exits 0 once its save is committed
+  (as MaxText and Orbax's guide do): a preemption, not done.
+- flax-helper (tpupod_job) meets a preemption without notice: a kill, back to its last save.
+- wrong-resume resumes at its latest step instead of the one after it: the comparison must say
+  NOT equal (the negative control: a comparison that cannot fail proves nothing).
+The built-in trainer's job goes through a hang, a crash and a preemption in test_demo.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from infra import job as jobs
+from localpod.pod import LocalPod
+from ops.checkpoint_compare import Comparison
+from ops.demo_observer import Fault, FaultPlan
+from ops.demo_reference import compare_runs, pod_provider, run_reference
+from ops.job_status import JobRules
+from ops.journal import Journal
+from ops.recovery import Limits
+from ops.watch import WatchConfig, Watcher
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
+NOTICE_S = 30.0
+
+
+def config(job: jobs.Job, max_failures: int = 3) -> WatchConfig:
+    limits = Limits(hang=10, start=300, stall=30, bootstrap=600, ssh=60, preempt_grace=30)
+    return WatchConfig(limits=limits, rules=JobRules.of(job.spec), poll=0.5,
+                       max_failures=max_failures, ready_deadline=180, backoff_base=0.5)  # fmt: skip
+
+
+def run_with_faults(pod: LocalPod, faults: list[Fault], journal: Path) -> tuple[int, list[dict]]:
+    watch = Journal(journal, Console(stderr=True))
+    plan = FaultPlan(faults, pod)
+    code = Watcher(pod_provider(pod.paths.root), watch, config(pod.job), on_poll=plan).run()
+    assert set(plan.injected) == {f.kind for f in faults}, [e["message"] for e in watch.events]
+    return code, watch.events
+
+
+def against_reference(pod: LocalPod) -> Comparison:
+    ok, _ = run_reference(pod.paths.root, "reference")
+    assert ok, "the uninterrupted run failed"
+    run = f"gs://{pod.bucket}/{pod.run_prefix}"
+    reference = f"{run.rsplit('/', 1)[0]}/reference"
+    comparison = compare_runs(pod.paths.root, f"{run}/checkpoints", f"{reference}/checkpoints")
+    assert comparison is not None
+    print("\n".join(comparison.lines()))
+    return comparison
+
+
+@pytest.mark.parametrize(("name", "notice"), [("flax-plain", NOTICE_S), ("flax-helper", 0.0)])
+def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, tmp_path):
+    job = jobs.load(EXAMPLES / name)
+    steps = job.spec.steps
+    pod = LocalPod(tmp_path / "pod", workers=2, job=job)
+    try:
+        pod.up()
+        faults = [
+            Fault("crash", int(steps * 0.3), lambda p: p.crash(1), "crash (SIGKILL) of worker 1"),
+            Fault("preemption", int(steps * 0.6), lambda p: p.preempt(notice, wait=False),
+                  f"preemption, {notice:g}s notice"),
+        ]  # fmt: skip
+        code, events = run_with_faults(pod, faults, tmp_path / "journal.jsonl")
+        messages = [f"{e['event']}: {e['message']}" for e in events]
+        assert code == 0, messages
+        resumed = {e["kind"]: e for e in events if e["event"] == "resumed"}
+        assert set(resumed) == {"crash", "preemption"}, messages
+        names = [e["event"] for e in events]
+        # One `done`, at the end, at the job's steps: an exit after the notice was not taken
+        # for it (flax-plain exits 0 when preempted).
+        assert names.count("done") == 1 and names[-1] == "done", messages
+        assert events[-1]["step"] == steps
+        assert names.count("recreated") == 1 and names.count("restarted") == 1, messages
+        attempts = [e["attempt"] for e in events if e["event"] in ("restarted", "recreated")]
+        assert attempts == [2, 3], messages
+        if notice:  # saved inside the notice: nothing lost
+            assert resumed["preemption"]["steps_lost"] == 0, messages
+        comparison = against_reference(pod)
+        assert comparison.equal and comparison.step_a == steps and comparison.leaves >= 10
+    finally:
+        pod.down()
+
+
+def test_a_wrong_resume_is_reported_not_equal(tmp_path):
+    job = jobs.load(EXAMPLES / "wrong-resume")
+    pod = LocalPod(tmp_path / "pod", workers=2, job=job)
+    try:
+        pod.up()
+        crash = Fault("crash", 60, lambda p: p.crash(0), "crash (SIGKILL) of worker 0")
+        code, events = run_with_faults(pod, [crash], tmp_path / "journal.jsonl")
+        assert code == 0, [e["message"] for e in events]
+        comparison = against_reference(pod)
+        assert comparison.step_a == comparison.step_b == job.spec.steps
+        assert not comparison.equal and comparison.differ
+        assert any(d.startswith("default/params/") for d in comparison.differ), comparison.differ
+        assert "NOT equal" in comparison.lines()[0]
+    finally:
+        pod.down()
