@@ -1,4 +1,4 @@
-"""`uv run python -m bench [all|trainer|checkpoint|overhead|recovery|goodput|faults|cost|infra ...]`
+"""`uv run python -m bench [all|trainer|checkpoint|overhead|recovery|job|goodput|faults|cost|infra ...]`
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
 of its own benchmark and keeps the others'), keeps raw results in bench/out/ and draws the goodput
@@ -81,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
         default=5,
         help="overhead: interleaved rounds on the pod (tiny without and with saves every 100 steps)",
     )
+    p.add_argument(
+        "--job", type=Path, default=REPO / "examples" / "jobs" / "flax-plain",
+        help="job: the job directory [examples/jobs/flax-plain]",
+    )  # fmt: skip
+    p.add_argument("--job-rounds", type=int, default=5, help="job: overhead rounds (>= 3)")
     p.add_argument("--count", type=int, default=100, help="faults: how many faults in all")
     p.add_argument("--seed", type=int, default=0, help="faults: seed of the random mix")
     p.add_argument("--per-leg", type=int, default=25, help="faults: faults per pod run (leg)")
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.overhead_steps <= 100 or a.overhead_rounds < 1:
         p.error(f"--overhead-steps {a.overhead_steps} / --overhead-rounds {a.overhead_rounds}: "
                 "a run needs more steps than one interval (100), and at least 1 round")  # fmt: skip
+    if a.job_rounds < 3:
+        p.error(f"--job-rounds {a.job_rounds}: the overhead goal is a median of at least 3 runs")
     if a.rounds < 3:
         p.error(f"--rounds {a.rounds}: the recovery goal is a median of at least 3 events a kind")
     console = Console()

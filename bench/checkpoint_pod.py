@@ -39,8 +39,8 @@ def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console
         for r, name in order:
             sets = " ".join(f"--set {s}" for s in [*variant_sets(name, every), "log_every=1"])
             run = f"overhead-{name}-{r + 1}"
-            summary, _ = run_reference(pod, TRIAL_TIMEOUT_S, console, run,
-                                          f"--steps {steps} {sets}")  # fmt: skip
+            summary, _ = run_reference(pod, f"--config {config}", TRIAL_TIMEOUT_S, console, run,
+                                       f"--steps {steps} {sets}")  # fmt: skip
             if summary is None or summary.get("final_step") != steps:
                 raise RuntimeError(f"{run} did not finish (see {pod.paths.tpupod_root(0)})")
             probe, times = loop_figures(pod.paths.tpupod_root(0) / f"{run}.log")

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ops.phases import Phase
-from trainer.status import TrainerState
 
 # Fault kind -> what it does to the local pod.
 KINDS = {
@@ -49,20 +48,21 @@ class Stop(Exception):
 
 
 def healthy(watcher, probes) -> int | None:
-    """The slowest worker's step when every worker trains with a fresh heartbeat, else None."""
+    """The slowest reporting worker's step when every worker's job runs and every report is
+    current and stepping (often only process 0 reports), else None."""
     if watcher.incident is not None and "resumed" not in watcher.incident.phases:
         return None
-    fresh = [p.status for p in probes if p.status and p.status.heartbeat >= watcher.since]
-    if not probes or len(fresh) != len(probes):
+    fresh = [s for p in probes if (s := p.current(watcher.since))]
+    if not probes or not fresh or not all(p.alive for p in probes):
         return None
-    if any(s.state not in (TrainerState.TRAINING, TrainerState.SAVING) for s in fresh):
+    if any(s.state not in ("training", "saving") for s in fresh):
         return None
     return min(s.step for s in fresh)
 
 
 def saving(probes) -> bool:
-    """Some worker's trainer is in a save right now (as this poll saw it)."""
-    return any(p.status and p.status.state == TrainerState.SAVING for p in probes)
+    """Some worker's job is in a save right now (as this poll saw it)."""
+    return any(p.status and p.status.state == "saving" for p in probes)
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """One benchmark run on a local pod: bring it up, watch it with `ops.watch.Watcher` while a fault
 schedule injects events and a sampler records the workers' files, then tear it down.
 
-The pod, the watch loop, the journal and the uninterrupted reference are the real ones the demo
-uses (`ops.demo`); this module only wires them together and keeps what the analyses need.
+The pod, the watch loop and the journal are the real ones the demo uses (`ops.demo`); the
+benchmarks run the built-in trainer's job (`trainer_args`), whose uninterrupted references run
+the trainer itself with the job's environment. This module only wires them together and keeps
+what the analyses need.
 """
 
 from __future__ import annotations
@@ -20,21 +22,21 @@ from rich.console import Console
 from bench.faults import Schedule, Stop, WatchKilled
 from bench.sampler import Sampler
 from ops.incident import IncidentStore
+from ops.job_status import JobRules
 from ops.journal import Journal
 from ops.recovery import Limits
 from ops.watch import WatchConfig, Watcher
 
-RUN_PREFIX = "runs/local"  # the local pod's --workdir is gs://BUCKET/runs/<stack>
-
-
 POLL_S = 0.5  # the watch's poll here, and the references' observation load
 
 
-def watch_config(notice: float, hang: float = 30.0) -> WatchConfig:
-    """Short deadlines for one machine; poll 0.5 s like the demo."""
+def watch_config(notice: float, hang: float = 30.0, rules: JobRules | None = None) -> WatchConfig:
+    """Short deadlines for one machine; poll 0.5 s like the demo. The job's rules (exit codes,
+    steps, progress) as the watch reads them from its spec."""
     limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=notice + 15)
     return WatchConfig(
         limits=limits,
+        rules=rules or JobRules(),
         poll=POLL_S,
         # Crashes and hangs are injected on purpose (a campaign injects dozens): the failure
         # budget is not what a benchmark measures, so it never ends the run.
@@ -87,15 +89,24 @@ def run_on_pod(
     hang: float = 30.0,
     references: tuple[str, ...] = ("reference-none",),
     after=None,
+    job=None,
 ) -> RunRecord:
-    """Runs the job under watch with a `bench.faults.Schedule(**schedule_kwargs)`; with
-    `reference`, then the uninterrupted "reference" and `references`; `after(pod)` (its result
-    in `checks`) runs on the pod before it goes. The pod is always torn down, whatever happens."""
+    """Runs the job (the built-in trainer's with `trainer_args`, or `job`, an infra.job.Job)
+    under watch with a `bench.faults.Schedule(**schedule_kwargs)`; with `reference`, then the
+    uninterrupted "reference" and `references` (built-in trainer only); `after(pod)` (its result
+    in `checks`) runs on the pod before it goes. The pod is always torn down, whatever
+    happens."""
     from localpod.pod import LocalPod
-    from ops.demo import read_object
+    from ops.demo_reference import read_object
 
     console = console or Console()
-    pod = LocalPod(pod_dir, workers=workers, trainer_args=trainer_args)
+    pod = LocalPod(
+        pod_dir,
+        workers=workers,
+        job=job,
+        **({"trainer_args": trainer_args} if trainer_args else {}),
+    )
+    trainer_args = trainer_args or pod.job.source
     sampler = Sampler(pod.paths.root, workers)
     started = time.time()
     journal = schedule = None
@@ -108,10 +119,13 @@ def run_on_pod(
         journal = Journal(journal_file, console)
         sampler.start()
         schedule = Schedule(pod, notice=notice, **schedule_kwargs)
-        outcome = watch_until_end(pod, journal, schedule, watch_config(notice, hang))
+        config = watch_config(notice, hang, JobRules.of(pod.job.spec))
+        outcome = watch_until_end(pod, journal, schedule, config)
         finished = time.time()
         summary = (
-            read_object(pod.paths.root, f"{RUN_PREFIX}/summary.json") if code_ok(outcome) else None
+            read_object(pod.paths.root, f"{pod.run_prefix}/summary.json")
+            if code_ok(outcome)
+            else None
         )
         record = RunRecord(
             trainer_args,
@@ -125,10 +139,10 @@ def run_on_pod(
         )
         if reference and code_ok(outcome):
             record.reference, record.reference_wall_s = run_reference(
-                pod, reference_timeout, console
+                pod, trainer_args, reference_timeout, console
             )
             for name in references:
-                ref, wall = run_reference(pod, reference_timeout, console, name)
+                ref, wall = run_reference(pod, trainer_args, reference_timeout, console, name)
                 record.references[name] = {"summary": ref, "wall_s": wall}
         if after is not None:
             record.checks = after(pod)
@@ -155,7 +169,7 @@ def run_on_pod(
 def watch_until_end(pod, journal: Journal, schedule: Schedule, config) -> str:
     """The real watch loop with the schedule as its on_poll hook; a watch the schedule kills
     (WatchKilled) is replaced by a new one that goes on from the same incident.json."""
-    from ops.demo import pod_provider
+    from ops.demo_reference import pod_provider
 
     provider = pod_provider(pod.paths.root)
     store = IncidentStore(pod.paths.root / "incident.json")
@@ -176,17 +190,17 @@ def code_ok(outcome: str) -> bool:
     return outcome == "done"
 
 
-# Uninterrupted references: the job's own trainer.env, a fresh workdir, its own status file.
-# "reference" keeps the job's checkpoint policy (the goodput headline's yardstick);
-# "reference-none" saves nothing (checkpoint overhead = reference / reference-none).
+# Uninterrupted references: the job's own job.env, a fresh workdir, its own status file, the
+# built-in trainer with the job's arguments. "reference" keeps the job's checkpoint policy (the
+# goodput headline's yardstick); "reference-none" saves nothing (checkpoint overhead =
+# reference / reference-none).
 REFERENCES = {"reference": "", "reference-none": "--set checkpoint_every=0"}
 REFERENCE_SCRIPT = (
     'R="$TPUPOD_ROOT"; cd -P "$R/current" && '
-    'while IFS=\'=\' read -r k v; do export "$k=$v"; done < "$R/trainer.env" && '
+    'while IFS=\'=\' read -r k v; do export "$k=$v"; done < "$R/job.env" && '
     'export TPUPOD_WORKDIR="gs://{bucket}/runs/{name}" '
     'TPUPOD_STATUS_FILE="$R/{name}-status.json" && '
-    'read -r -a args <<< "$TPUPOD_TRAINER_ARGS" && '
-    '.venv/bin/python -m trainer "${{args[@]}}" {extra} > "$R/{name}.log" 2>&1'
+    '.venv/bin/python -m trainer {args} {extra} > "$R/{name}.log" 2>&1'
 )
 
 
@@ -222,18 +236,23 @@ def observed(provider, workers) -> Iterator[dict[str, int]]:
 
 
 def run_reference(
-    pod, timeout: float, console: Console, name: str = "reference", extra: str | None = None
+    pod,
+    trainer_args: str,
+    timeout: float,
+    console: Console,
+    name: str = "reference",
+    extra: str | None = None,
 ) -> tuple[dict | None, float]:
-    """One uninterrupted reference run on every worker (as root, like the trainer), observed
-    as the watch observes the faulted run: its summary.json (final step, fingerprint) and its
-    wall time. Its own workdir, runs/<name>; `extra` (default: REFERENCES[name]) follows the
-    job's arguments, so its --steps and --set win."""
-    from ops.demo import pod_provider, read_object
+    """One uninterrupted reference run of `python -m trainer TRAINER_ARGS` on every worker (as
+    root, like the job), observed as the watch observes the faulted run: its summary.json
+    (final step, fingerprint) and its wall time. Its own workdir, runs/<name>; `extra` (default:
+    REFERENCES[name]) follows the job's arguments, so its --steps and --set win."""
+    from ops.demo_reference import pod_provider, read_object
     from ops.workers import WorkerGroup, as_root
 
     bucket = json.loads((pod.paths.root / "endpoints.json").read_text())["bucket"]
     extra = REFERENCES[name] if extra is None else extra
-    script = REFERENCE_SCRIPT.format(bucket=bucket, name=name, extra=extra)
+    script = REFERENCE_SCRIPT.format(bucket=bucket, name=name, args=trainer_args, extra=extra)
     provider = pod_provider(pod.paths.root)
     workers = provider.describe().workers
     started = time.time()

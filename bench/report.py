@@ -53,6 +53,7 @@ BENCH_ORDER = (
     "overhead",
     "infra",
     "recovery",
+    "job",
     "goodput",
     "faults",
     "cost",

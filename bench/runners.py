@@ -140,6 +140,20 @@ def recovery_figs(a, console) -> list[Figure]:
     return recovery_bench.figures(r)
 
 
+def job_figs(a, console) -> list[Figure]:
+    """A user's program (examples/jobs/flax-plain by default) under tpupod: overhead against
+    the same program run directly, and recovery against the built-in trainer's rows."""
+    from bench import job_bench
+
+    builtin = job_bench.builtin_rows(REPO / "BENCHMARKS.json")
+    if a.record:
+        r = json.loads(a.record.read_text())
+        return measured_at(job_bench.figures(r, builtin), a.record.stat().st_mtime, "run ended")
+    r = job_bench.run(a.job, a.job_rounds, a.rounds, a.notice, OUT, console)
+    save("job", r)
+    return job_bench.figures(r, builtin)
+
+
 def goodput_figs(a, console) -> list[Figure]:
     from bench import goodput_bench
 
@@ -203,6 +217,7 @@ RUNNERS = {
     "overhead": overhead_figs,
     "infra": infra_figs,
     "recovery": recovery_figs,
+    "job": job_figs,
     "goodput": goodput_figs,
     "cost": cost_figs,
     "faults": faults_figs,

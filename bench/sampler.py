@@ -3,7 +3,7 @@
 Recovery phases need timestamps that survive re-creation (every create wipes the workers' disks),
 so a thread copies what matters as it appears: each change of a trainer's status file (its own
 `heartbeat` is the write time), every bootstrap.json (its phases carry start/end times), and the
-new lines of worker 0's trainer.log stamped with the time they were first seen (the trainer's JSON
+new lines of worker 0's job.log stamped with the time they were first seen (the trainer's JSON
 lines carry no time of their own: resolution is the poll interval).
 """
 
@@ -68,9 +68,9 @@ class Sampler(threading.Thread):
         self.pod_dir, self.workers, self.interval = Path(pod_dir), workers, interval
         self.status: list[dict] = []  # one entry per change: t, worker, source, STATUS_FIELDS...
         self.boots: dict[tuple[int, float], dict] = {}  # (worker, started) -> last bootstrap.json
-        self.lines: list[dict] = []  # worker 0's trainer.log: {"t", "text" or "json"}
+        self.lines: list[dict] = []  # worker 0's job.log: {"t", "text" or "json"}
         self._last: dict[tuple[int, str], tuple] = {}
-        self._tail = _Tail(worker_root(self.pod_dir, 0) / "trainer.log")
+        self._tail = _Tail(worker_root(self.pod_dir, 0) / "job.log")
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -102,6 +102,8 @@ class Sampler(threading.Thread):
                             "worker": index,
                             "source": source,
                             "heartbeat": doc.get("heartbeat"),
+                            # when it was written: the trainer's heartbeat, a job's `time`
+                            "updated": doc.get("heartbeat") or doc.get("time"),
                             **fields,
                         }
                     )
@@ -109,7 +111,7 @@ class Sampler(threading.Thread):
             if boot and boot.get("started"):
                 self.boots[(index, boot["started"])] = boot
         for text in self._tail.read():
-            if text.startswith("trainerctl:"):
+            if text.startswith("jobrun:"):
                 self.lines.append({"t": now, "text": text})
             elif text.startswith("{"):
                 try:

@@ -1,4 +1,4 @@
-"""Worker 0's trainer.log as the sampler kept it ({"t": seen, "json": line}): the events of one
+"""Worker 0's job.log as the sampler kept it ({"t": seen, "json": line}): the events of one
 trainer process and its start-up milestones, by the trainer's own clock (its lines' `time`).
 
 A trainer from before those times falls back to when the sampler saw a line (0.2 s poll).

@@ -60,7 +60,7 @@ PY
   echo "watcher of stack $MD_STACK, bundle $MD_BUNDLE_SHA256"
 }
 
-# supervise: Restart=always without systemd; 0 (done) and 1 (gave up) end it, as in the unit.
+# supervise: Restart=always without systemd; 0 (done) and 3 (gave up) end it, as in the unit.
 supervise() {
   local rc extra
   read -r -a extra <<<"${TPUPOD_WATCH_ARGS:-}" # e.g. the local pod's shorter hang timeout
@@ -77,7 +77,7 @@ supervise() {
     echo $! >"$TPUPOD_ROOT/watch.pid"
     wait $! || rc=$?
     echo "tpupod watch exited $rc"
-    case "$rc" in 0 | 1) return "$rc" ;; esac
+    case "$rc" in 0 | 3) return "$rc" ;; esac
     sleep "${TPUPOD_WATCHER_RESTART_S:-5}"
   done
 }

@@ -7,9 +7,10 @@ restores with (`--structure-only` skips that last read). Then the step a restart
 from (the newest readable one, as the trainer's fallback picks it) and the steps a fallback set
 aside (`<step>.unreadable-<UTC time>`).
 
-Where the run lives: `--stack local` reads the pod's endpoints.json (its GCS emulator and bucket;
-the run is `gs://<bucket>/runs/local`); any other stack needs `--workdir gs://BUCKET/PREFIX` and
-Application Default Credentials.
+Where the run lives: `--stack local` reads the pod's endpoints.json (its GCS emulator and bucket)
+and node spec (the run's directory, `gs://<bucket>/runs/local/<run id>`); any other stack needs
+`--workdir gs://BUCKET/PREFIX` (the stack's `run_dir` output) and Application Default
+Credentials.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def locate(args: argparse.Namespace) -> Run:
         client = storage.Client(project=ep.get("project", "tpupod-local"),
                                 credentials=AnonymousCredentials(),
                                 client_options={"api_endpoint": url})  # fmt: skip
-        workdir = args.workdir or f"gs://{bucket}/runs/local"
+        workdir = args.workdir or run_dir_of(ep, path)
     else:
         if not args.workdir:
             raise CliError(f"--stack {args.stack}: pass --workdir gs://BUCKET/PREFIX (the run's "
@@ -91,6 +92,19 @@ def locate(args: argparse.Namespace) -> Run:
         raise CliError(f"--workdir {workdir}: expected gs://BUCKET/PREFIX")
     bucket, _, prefix = workdir.removeprefix("gs://").partition("/")
     return Run(workdir.rstrip("/"), bucket, prefix.strip("/"), client)
+
+
+def run_dir_of(endpoints: dict, where: Path) -> str:
+    """The run the pod's node runs: metadata `tpupod-run-dir` of the node spec it names."""
+    from infra.metadata import RUN_DIR
+
+    try:
+        spec = json.loads(Path(endpoints["spec_file"]).read_text())
+        return spec["node"]["metadata"][RUN_DIR]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CliError(
+            f"{where}: the pod's node spec names no run directory; pass --workdir"
+        ) from None
 
 
 def list_objects(run: Run) -> dict[str, list]:
@@ -253,7 +267,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--workdir",
-        help="the run's workdir, gs://BUCKET/PREFIX [local: gs://<pod bucket>/runs/local]",
+        help="the run's directory, gs://BUCKET/PREFIX [local: the pod's run, "
+        "gs://<pod bucket>/runs/local/<run id>]",
     )
     p.add_argument(
         "--structure-only",

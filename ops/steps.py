@@ -39,7 +39,9 @@ class WatchConfig:
     capacity_backoff: float = 30.0  # first wait after a stockout, doubling up to the cap
     capacity_backoff_cap: float = 600.0
     ssh_retries: int = 3
-    failure_stop_timeout: float = 5.0  # SIGTERM -> SIGKILL for crashed or hung jobs
+    # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
+    # ignore SIGTERM (a job's grace_s is for a preemption's save, which these cannot make).
+    failure_stop_timeout: float = 3.0
 
 
 class GiveUp(Exception):

@@ -46,7 +46,8 @@ def read(path: Path) -> dict | None:
 
 
 def trainer_started(log: Path) -> float | None:
-    match = re.search(r"trainerctl: (\S+Z) starting", log.read_text()) if log.exists() else None
+    """The launcher's first line of the job (bootstrap/jobrun.py, to the second)."""
+    match = re.search(r"jobrun: (\S+Z) attempt", log.read_text()) if log.exists() else None
     return datetime.fromisoformat(match.group(1)).timestamp() if match else None
 
 
@@ -74,7 +75,7 @@ def report(roots: dict[int, Path], boots: dict[int, float], first: dict[int, flo
                 "boot_to_script": round(boot.get("started", 0) - boots[i], 2),
                 "phases": {p["name"]: p["seconds"] for p in boot.get("phases", [])},
                 "boot_to_trainer_start": round(
-                    (trainer_started(root / "trainer.log") or 0) - boots[i], 1
+                    (trainer_started(root / "job.log") or 0) - boots[i], 1
                 ),
                 "boot_to_first_step": round(first[i] - boots[i], 2) if i in first else None,
                 "uv": [

@@ -7,7 +7,9 @@ checkpoint equals, array by array and bitwise, the same job's run without faults
   (as MaxText and Orbax's guide do): a preemption, not done.
 - flax-helper (tpupod_job) meets a preemption without notice: a kill, back to its last save.
 - wrong-resume resumes at its latest step instead of the one after it: the comparison must say
-  NOT equal (the negative control: a comparison that cannot fail proves nothing).
+  NOT equal (the negative control: a comparison that cannot fail proves nothing). On the pod
+  it is `slow`; CI runs the same program and comparison without a pod
+  (tests/ops/test_checkpoint_compare.py).
 The built-in trainer's job goes through a hang, a crash and a preemption in test_demo.py.
 """
 
@@ -91,6 +93,7 @@ def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, tmp_
         pod.down()
 
 
+@pytest.mark.slow
 def test_a_wrong_resume_is_reported_not_equal(tmp_path):
     job = jobs.load(EXAMPLES / "wrong-resume")
     pod = LocalPod(tmp_path / "pod", workers=2, job=job)

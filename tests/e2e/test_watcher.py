@@ -1,6 +1,7 @@
 """The watcher VM on the local pod: it recovers a preemption with no `tpupod watch` started by the
-test, continues the same incident after being killed mid-recovery (one recreate), and the final
-weights equal an uninterrupted run's (its recovery of a hang is test_demo.py's). Its way in to the
+test and continues the same incident after being killed mid-recovery (one recreate); its
+recovery of a hang, a crash and a preemption, compared bitwise with an uninterrupted run, is
+test_demo.py's. Its way in to the
 workers is OS Login: a key imported through the pod's importSshPublicKey works for that POSIX user,
 any other is refused."""
 
@@ -19,7 +20,6 @@ import pytest
 from localpod import watcher_vm
 from localpod.pod import LocalPod
 from ops import oslogin
-from ops.demo_reference import compare_runs, run_reference
 from ops.remote_state import RemoteState
 from ops.target import local_target
 
@@ -120,10 +120,3 @@ def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod):
     assert done["step"] == STEPS and done["preemptions"] == 1 and done["failures"] == 0
     lease = json.loads(state.blob("lease.json").download_as_bytes())
     assert lease["holder"] == watcher_vm.HOLDER and lease["expires"] <= time.time()  # released
-    ok, _ = run_reference(pod.paths.root, "reference")
-    assert ok
-    run = f"gs://{pod.bucket}/{pod.run_prefix}"
-    comparison = compare_runs(pod.paths.root, f"{run}/checkpoints",
-                              f"{run.rsplit('/', 1)[0]}/reference/checkpoints")  # fmt: skip
-    assert comparison is not None and comparison.equal, comparison
-    assert comparison.step_a == STEPS and comparison.leaves > 10

@@ -18,14 +18,25 @@ from localpod.storage import running_emulator
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "tpupod-local"
+RUN = "runs/local/r1"  # the run the pod's node spec names
 
 
 @pytest.fixture
 def pod(tmp_path):
-    """A pod directory whose endpoints.json names a live emulator (nothing else of the pod)."""
+    """A pod directory whose endpoints.json names a live emulator and a node spec with the run's
+    directory (nothing else of the pod)."""
     with running_emulator(BUCKET) as url:
+        spec = {"node": {"metadata": {"tpupod-run-dir": f"gs://{BUCKET}/{RUN}"}}}
+        (tmp_path / "node-spec.json").write_text(json.dumps(spec))
         (tmp_path / "endpoints.json").write_text(
-            json.dumps({"storage": url, "bucket": BUCKET, "project": "tpupod-local"})
+            json.dumps(
+                {
+                    "storage": url,
+                    "bucket": BUCKET,
+                    "project": "tpupod-local",
+                    "spec_file": str(tmp_path / "node-spec.json"),
+                }
+            )  # fmt: skip
         )
         yield tmp_path, url
 
@@ -49,7 +60,7 @@ def test_checkpoints_lists_steps_readability_resume_step_and_set_aside(pod, tmp_
     train = subprocess.run(
         [sys.executable, "-m", "trainer", "--config", "tiny", "--steps", "8",
          "--set", "checkpoint_every=3", "--set", "checkpoint_async=false",  # steps 3, 6, 8
-         "--workdir", f"gs://{BUCKET}/runs/local",
+         "--workdir", f"gs://{BUCKET}/{RUN}",
          "--compile-cache", str(tmp_path / "cc")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -58,7 +69,7 @@ def test_checkpoints_lists_steps_readability_resume_step_and_set_aside(pod, tmp_
     client = storage.Client(project="p", credentials=AnonymousCredentials(),
                             client_options={"api_endpoint": url})  # fmt: skip
     bucket = client.bucket(BUCKET)
-    base = "runs/local/checkpoints"
+    base = f"{RUN}/checkpoints"
     step8 = {b.name: b for b in client.list_blobs(BUCKET, prefix=f"{base}/8/")}
     largest = max(step8.values(), key=lambda b: b.size)
     bucket.blob(largest.name).upload_from_string(largest.download_as_bytes()[: largest.size // 2])
