@@ -9,7 +9,7 @@ leader of the job's process group, with the bundle's Python in isolated mode (st
    runs and then exits with its status: a shell layer never exits 143 while the program saves.
 4. The job writes its output to this attempt's log file (`logs/job-attempt-<N>.log`), never
    through a pipe: a launcher that dies leaves the job running. The launcher follows that file:
-   into `job.log` (every attempt), every LOG_UPLOAD_S to the run's bucket
+   into `job.log` (every attempt), to the run's bucket after FIRST_UPLOAD_S and every LOG_UPLOAD_S
    (`<run dir>/tpupod/attempt-<N>/worker-<I>.log`: a preempted VM's disk is gone), and with
    `progress: {regex}` the last step it reads goes to the status file.
 5. A SIGTERM to the group (a preemption, `jobctl.sh stop`) is noted in `job.term`: an exit 0
@@ -37,6 +37,7 @@ import urllib.request
 
 ROOT = os.environ.get("TPUPOD_ROOT", "/var/lib/tpupod")
 LOG_UPLOAD_S = 10.0
+FIRST_UPLOAD_S = 2.0  # the attempt's first lines (its start, the contract) reach the bucket soon
 FOLLOW_S = 0.2  # how often the job's output is read (progress, job.log)
 LOG_UPLOAD_MAX = 16 * 1024 * 1024  # the tail that goes to the bucket when a log grows past it
 SECRETS_URL = "https://secretmanager.googleapis.com"
@@ -112,10 +113,10 @@ def secrets(spec: dict, contract: dict[str, str]) -> dict[str, str]:
     """Every secret the job names, or SystemExit naming the one that could not be read."""
     if not spec.get("secrets"):
         return {}
-    project = metadata(contract, "project/project-id")
     values = {}
     for var, secret in sorted(spec["secrets"].items()):
         try:
+            project = metadata(contract, "project/project-id")
             values[var] = read_secret(contract, project, secret)
         except (OSError, ValueError, KeyError) as err:
             why = getattr(err, "code", None) or type(err).__name__
@@ -216,8 +217,9 @@ class Output:
 
 
 def shipper(output: Output, stop: threading.Event) -> None:
-    said = False
-    while not stop.wait(LOG_UPLOAD_S):
+    said, wait = False, FIRST_UPLOAD_S
+    while not stop.wait(wait):
+        wait = LOG_UPLOAD_S
         try:
             output.ship()
         except (OSError, ValueError) as err:

@@ -5,6 +5,7 @@ Nothing here starts a pod or a trainer."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +14,8 @@ import pytest
 from bench import badput, cost, faults, goodput_bench, recovery_bench, report, smoke, timeline
 from bench.__main__ import main
 from bench.steps_lost import goal_text
-from trainer.status import TrainerState, TrainerStatus
+from ops.job_status import JobStatus
+from ops.probe import Probe
 
 
 def test_cost_ratio_is_price_ratio_over_goodput():
@@ -203,7 +205,8 @@ class FakePod:
 
 def _watcher(step: int):
     journal = SimpleNamespace(events=[], event=lambda *a, **k: journal.events.append((a, k)))
-    probes = [SimpleNamespace(status=TrainerStatus(state=TrainerState.TRAINING, step=step))]
+    status = JobStatus(step=step, updated=time.time())
+    probes = [Probe(0, bootstrap={"state": "ok"}, status=status, alive=True)]
     return SimpleNamespace(incident=None, since=0.0, journal=journal), probes
 
 

@@ -133,7 +133,7 @@ def test_the_job_contract_end_to_end(tmp_path, capsys):
 
         # 3. A preemption without notice: attempt 3 on a new slice; attempt 2's output from
         # the bucket (its VM is gone).
-        time.sleep(11)  # one log upload interval of attempt 2
+        time.sleep(3)  # attempt 2's first upload (jobrun.FIRST_UPLOAD_S)
         pod.preempt(0, wait=False)
         wait("attempt 3 progressing", lambda: progressing(pod, 3), timeout=180)
         capsys.readouterr()

@@ -99,7 +99,7 @@ def test_a_wrong_resume_is_reported_not_equal(tmp_path):
     pod = LocalPod(tmp_path / "pod", workers=2, job=job)
     try:
         pod.up()
-        crash = Fault("crash", 60, lambda p: p.crash(0), "crash (SIGKILL) of worker 0")
+        crash = Fault("crash", 35, lambda p: p.crash(0), "crash (SIGKILL) of worker 0")
         code, events = run_with_faults(pod, [crash], tmp_path / "journal.jsonl")
         assert code == 0, [e["message"] for e in events]
         comparison = against_reference(pod)

@@ -17,24 +17,25 @@ PROGRAM = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "flax-plai
 STEPS, HALF = 12, 6
 
 
-def train(directory: Path, steps: int, *extra: str) -> None:
-    env = {**os.environ, "TPUPOD_CHECKPOINT_DIR": str(directory), "JAX_PLATFORMS": "cpu",
-           "TPUPOD_NUM_PROCESSES": "1"}  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(PROGRAM), "--steps", str(steps), "--save-every", "3", "--width", "32",
-         *extra],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+def train(*runs: tuple[Path, int, tuple[str, ...]]) -> None:
+    """Runs of the program side by side (each: checkpoint directory, steps, extra flags)."""
+    started = []
+    for directory, steps, extra in runs:
+        env = {**os.environ, "TPUPOD_CHECKPOINT_DIR": str(directory), "JAX_PLATFORMS": "cpu",
+               "TPUPOD_NUM_PROCESSES": "1"}  # fmt: skip
+        command = [sys.executable, str(PROGRAM), "--steps", str(steps), "--save-every", "3",
+                   "--width", "32", *extra]  # fmt: skip
+        started.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True))  # fmt: skip
+    for proc in started:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
 
 
 def test_a_right_resume_is_equal_and_a_wrong_one_is_not(tmp_path):
     whole, right, wrong = tmp_path / "whole", tmp_path / "right", tmp_path / "wrong"
-    train(whole, STEPS)
-    train(right, HALF)
-    train(right, STEPS)
-    train(wrong, HALF)
-    train(wrong, STEPS, "--resume-from-latest")
+    train((whole, STEPS, ()), (right, HALF, ()), (wrong, HALF, ()))
+    train((right, STEPS, ()), (wrong, STEPS, ("--resume-from-latest",)))
     equal = compare(str(whole), str(right))
     assert equal.equal and equal.step_a == equal.step_b == STEPS and equal.leaves >= 10
     assert equal.lines() == [f"final steps {STEPS} and {STEPS}: {equal.leaves} arrays and 0 files "

@@ -31,8 +31,8 @@ class Model(nn.Module):
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--save-every", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--save-every", type=int, default=10)
     args = parser.parse_args()
 
     tpupod_job.init()

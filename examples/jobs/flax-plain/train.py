@@ -47,8 +47,8 @@ def batch_for(step: int, size: int, features: int) -> tuple[np.ndarray, np.ndarr
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--save-every", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--save-every", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--resume-from-latest", action="store_true")
