@@ -1,4 +1,4 @@
-"""`uv run python -m bench [all|trainer|checkpoint|overhead|recovery|job|goodput|faults|cost|infra ...]`
+"""`uv run python -m bench [all|trainer|checkpoint|overhead|verify|recovery|job|goodput|faults|cost|infra]`
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
 of its own benchmark and keeps the others'), keeps raw results in bench/out/ and draws the goodput

@@ -87,11 +87,23 @@ def overhead(job_dir: Path, rounds: int, out: Path, console) -> dict:
     return {"job": str(job_dir), "runs": record.checks["runs"]}
 
 
+def longer(job, steps: int):
+    """The job with `--steps N` in its run (the examples take it) and `steps` raised to `steps`:
+    room for every fault of the recovery schedule, which ends the run itself."""
+    import re
+    from dataclasses import replace
+
+    run, found = re.subn(r"--steps[ =]\d+", f"--steps {steps}", job.spec.run)
+    if not found:
+        raise ValueError(f"{job.source}: its run takes no --steps; the recovery bench needs one")
+    return replace(job, spec=job.spec.model_copy(update={"run": run, "steps": steps}))
+
+
 def recovery(job_dir: Path, rounds: int, notice: float, out: Path, console) -> dict:
     """crash, kill and notice, `rounds` of each, on one pod under the real watch."""
     from infra.job import load
 
-    job = load(job_dir)
+    job = longer(load(job_dir), 1_000_000)
     kinds = [k for _ in range(rounds) for k in KINDS]
     schedule = {"kinds": kinds, "min_steps": 30, "stop_steps": 30}
     record = run_on_pod(out / "pod-job-recovery", "", schedule, notice=notice, console=console,

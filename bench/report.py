@@ -51,6 +51,7 @@ BENCH_ORDER = (
     "gpu",
     "checkpoint",
     "overhead",
+    "verify",
     "infra",
     "recovery",
     "job",

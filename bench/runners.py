@@ -140,6 +140,18 @@ def recovery_figs(a, console) -> list[Figure]:
     return recovery_bench.figures(r)
 
 
+def verify_figs(a, console) -> list[Figure]:
+    """What a restore's manifest checks cost, tiny and small, on the pod's GCS emulator."""
+    from bench import verify_bench
+
+    if a.record:
+        r = json.loads(a.record.read_text())
+        return measured_at(verify_bench.figures(r), a.record.stat().st_mtime, "run ended")
+    r = verify_bench.run()
+    save("verify", r)
+    return verify_bench.figures(r)
+
+
 def job_figs(a, console) -> list[Figure]:
     """A user's program (examples/jobs/flax-plain by default) under tpupod: overhead against
     the same program run directly, and recovery against the built-in trainer's rows."""
@@ -215,6 +227,7 @@ RUNNERS = {
     "gpu": gpu_figs,
     "checkpoint": checkpoint_figs,
     "overhead": overhead_figs,
+    "verify": verify_figs,
     "infra": infra_figs,
     "recovery": recovery_figs,
     "job": job_figs,

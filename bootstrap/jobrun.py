@@ -12,7 +12,10 @@ leader of the job's process group, with the bundle's Python in isolated mode (st
    into `job.log` (every attempt), to the run's bucket after FIRST_UPLOAD_S and every LOG_UPLOAD_S
    (`<run dir>/tpupod/attempt-<N>/worker-<I>.log`: a preempted VM's disk is gone), and with
    `progress: {regex}` the last step it reads goes to the status file.
-5. A SIGTERM to the group (a preemption, `jobctl.sh stop`) is noted in `job.term`: an exit 0
+5. In tpupod's worker environment (`python: none`), once the job reports its first progress,
+   it starts trainer/bytecode_publish.py: the bytecode of what the job imported goes to the
+   bucket for a re-created worker's new venv (trainer/bytecode.py).
+6. A SIGTERM to the group (a preemption, `jobctl.sh stop`) is noted in `job.term`: an exit 0
    after it is a preemption, not done. Then it waits for the job, writes `job.exit`, and exits
    with the job's code.
 
@@ -228,6 +231,33 @@ def shipper(output: Output, stop: threading.Event) -> None:
                 output.note(f"log upload failed ({err}); retrying every {LOG_UPLOAD_S:g}s")
 
 
+def progressed(output: Output) -> bool:
+    """The job reported progress: its output matched (regex), or its status file says it
+    trains (written by the job itself)."""
+    if output.step is not None:
+        return True
+    try:
+        with open(output.status) as f:
+            return json.load(f).get("state", "training") in ("training", "saving")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
+def publish_bytecode(spec: dict, contract: dict[str, str], venv: str, log: str):
+    """In tpupod's worker environment only (the bootstrap restores bytecode there): the
+    publisher, at the lowest priority; it decides from the venv's marker whether to publish."""
+    bundle = os.path.realpath(path("current"))
+    cache = contract.get("TPUPOD_COMPILE_CACHE", "off")
+    if spec.get("python") != "none" or cache in ("", "off"):
+        return None
+    env = {**os.environ, **contract, "PYTHONPATH": bundle}
+    with open(log, "ab") as out:
+        return subprocess.Popen([os.path.join(venv, "bin", "python"), "-m",
+                                 "trainer.bytecode_publish", cache, "--venv", venv],
+                                cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=out)  # fmt: skip
+
+
 def exit_code(returncode: int) -> int:
     """A signal's death as a shell reports it (SIGKILL: 137)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -290,14 +320,20 @@ def run(reference: str | None = None) -> int:
     stop = threading.Event()
     uploads = threading.Thread(target=shipper, args=(output, stop), daemon=True)
     uploads.start()
+    publisher = None
     while True:
         try:
             returncode = child.wait(timeout=FOLLOW_S)
             break
         except subprocess.TimeoutExpired:
             output.follow()
+            if publisher is None and reference is None and progressed(output):
+                publisher = publish_bytecode(spec, contract, venv, attempt_log) or False
     code = exit_code(returncode)
     output.note(f"job exited {code}" + (" after SIGTERM" if termed.is_set() else ""))
+    if publisher:
+        publisher.kill()  # not done yet: the next start publishes
+        publisher.wait()
     stop.set()
     try:
         output.ship()

@@ -379,7 +379,7 @@ phase_bytecode() {
   # inside the phase's deadline: a slow or failed restore costs only the compiles it would save.
   timeout -k 2 $((TPUPOD_PHASE_DEADLINE * 2 / 3 + 1)) "$dir/.venv/bin/python" -I -S \
     "$dir/trainer/bytecode.py" restore "$MD_COMPILE_CACHE" --venv "$dir/.venv" ||
-    echo "warning: no bytecode restored (exit $?): the trainer's first imports compile from source"
+    echo "warning: no bytecode restored (exit $?): the job's first imports compile from source"
 }
 
 phase_start_job() {

@@ -1,9 +1,11 @@
-"""`tpupod checkpoints --stack S`: a run's checkpoint steps as the bucket holds them.
+"""`tpupod checkpoints --stack S [--verify]`: a run's checkpoint steps as the bucket holds them.
 
 For each committed step: its commit time, size, object count, format (OCDBT or the plain one
-before it) and whether it reads back: its metadata decodes, its three items (state, data, meta)
-are there, and every stored value of `state` reads in full through tensorstore, the library Orbax
-restores with (`--structure-only` skips that last read). Then the step a restart would resume
+before it), whether its files are the ones its manifest lists (sizes and CRC32Cs,
+trainer/manifest.py: the check a restore makes first), and whether it reads back: its metadata
+decodes, its three items (state, data, meta) are there, and every stored value of `state` reads
+in full through tensorstore, the library Orbax restores with (`--structure-only` skips that last
+read). `--verify` exits 1 when a committed step fails either check. Then the step a restart would resume
 from (the newest readable one, as the trainer's fallback picks it) and the steps a fallback set
 aside (`<step>.unreadable-<UTC time>`).
 
@@ -28,6 +30,7 @@ from rich.table import Table
 
 from ops.cli import CliError
 from ops.target import LOCAL, default_pod_dir
+from trainer import manifest
 
 STEP = re.compile(r"^\d+$")
 ASIDE = re.compile(r"^(\d+)\.unreadable-(.+)$")
@@ -46,6 +49,7 @@ class StepReport:
     readable: bool | None = None
     problem: str = ""
     set_aside: bool = False
+    verified: bool | None = None  # None: no manifest (a run from before manifests)
 
 
 @dataclass
@@ -177,6 +181,10 @@ def inspect_step(run: Run, name: str, entries: list, read_values: bool) -> StepR
         report.problem = f"_CHECKPOINT_METADATA: {_first_line(err)}"
     if not report.committed or aside:
         return report
+    if problem := verify(files):
+        report.verified, report.readable, report.problem = False, False, problem
+        return report
+    report.verified = True if manifest.NAME in files else None
     missing = [item for item in ITEMS if not any(r.startswith(f"{item}/") for r in files)]
     if report.problem or missing:
         report.readable = False
@@ -194,6 +202,22 @@ def inspect_step(run: Run, name: str, entries: list, read_values: bool) -> StepR
     return report
 
 
+def verify(files: dict) -> str:
+    """'' when the step's blobs are what its manifest lists (or it has none), else why not."""
+    if manifest.NAME not in files:
+        return ""
+    try:
+        doc = json.loads(files[manifest.NAME].download_as_bytes())
+    except Exception as err:  # noqa: BLE001 - unreadable or not JSON: not verified
+        return f"{manifest.NAME}: verification failed: {_first_line(err)}"
+    listed = {rel: [int(b.size or 0), b.crc32c] for rel, b in files.items() if rel != manifest.NAME}
+    problem = manifest.differences(doc if isinstance(doc, dict) else {}, listed)
+    if problem is None:
+        return ""
+    file, _, why = problem.partition(": ")
+    return f"{file}: verification failed: {why}"
+
+
 def survey(run: Run, read_values: bool = True) -> list[StepReport]:
     """Every step directory (committed, in progress, set aside), oldest first."""
     dirs = list_objects(run)
@@ -203,7 +227,11 @@ def survey(run: Run, read_values: bool = True) -> list[StepReport]:
 
 
 def resume_step(reports: list[StepReport]) -> int | None:
-    usable = [r.step for r in reports if r.committed and not r.set_aside and r.readable]
+    """The newest step a restart restores: committed, readable and verified (a run that has
+    manifests restores no step without one, trainer/manifest.py)."""
+    manifests = any(r.verified is not None for r in reports if r.committed and not r.set_aside)
+    usable = [r.step for r in reports if r.committed and not r.set_aside and r.readable
+              and (r.verified or not manifests)]  # fmt: skip
     return max(usable, default=None)
 
 
@@ -220,17 +248,22 @@ def _status(r: StepReport) -> str:
         return "[yellow]set aside[/]"
     if not r.committed:
         return "[dim]not committed[/]"
-    return "[green]readable[/]" if r.readable else "[red]UNREADABLE[/]"
+    if r.verified is False:
+        return "[red]NOT VERIFIED[/]"
+    good = "verified, readable" if r.verified else "readable (no manifest)"
+    return f"[green]{good}[/]" if r.readable else "[red]UNREADABLE[/]"
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     run = locate(args)
     reports = survey(run, read_values=not args.structure_only)
     resume = resume_step(reports)
+    bad = [r for r in reports if r.committed and not r.set_aside and not r.readable]
+    code = 1 if args.verify and bad else 0
     if args.json:
         print(json.dumps({"workdir": run.workdir, "resume_step": resume,
                           "steps": [asdict(r) for r in reports]}))  # fmt: skip
-        return 0
+        return code
     console = Console()
     table = Table(title=f"checkpoints in {run.workdir}/checkpoints")
     for column in ("step", "committed (UTC)", "size", "objects", "format", "state"):
@@ -243,7 +276,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         if r.set_aside:
             console.print(f"step {r.step} set aside by a fallback: {r.name}", highlight=False)
         elif r.committed and not r.readable:
-            console.print(f"step {r.step} unreadable: {r.problem}", highlight=False, markup=False)
+            what = "not verified" if r.verified is False else "unreadable"
+            console.print(f"step {r.step} {what}: {r.problem}", highlight=False, markup=False)
     committed = [r for r in reports if r.committed and not r.set_aside]
     if resume is not None:
         console.print(f"a restart resumes from step {resume}")
@@ -252,7 +286,11 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
                       "moves nothing); use a new --workdir or repair a step")  # fmt: skip
     else:
         console.print("a restart starts from step 0: no committed step yet")
-    return 0
+    if args.verify:
+        good = [r.step for r in committed if r.readable and r.verified]
+        console.print(f"verified and readable: {', '.join(map(str, good)) or 'none'}; "
+                      f"failing: {', '.join(str(r.step) for r in bad) or 'none'}")  # fmt: skip
+    return code
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -275,5 +313,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="check metadata and files only, without reading every stored value",
     )
+    p.add_argument(
+        "--verify", action="store_true",
+        help="name the good steps and exit 1 when a committed step fails verification or a read",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(func=cmd_checkpoints)

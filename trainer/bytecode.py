@@ -3,9 +3,10 @@ its restore into a new venv (the bootstrap's `bytecode` phase).
 
 Why: a re-created TPU VM syncs a fresh venv that holds no bytecode, so its trainer's first imports
 (jax, flax, optax, orbax, grain and theirs: over a thousand modules) compile every one from
-source, seconds on the recovery path that a warm restart does not pay. The first trainer on an
-environment publishes the bytecode of the modules it imported (trainer/bytecode_publish.py);
-the bootstrap of a new venv restores it before the trainer starts (here).
+source, seconds on the recovery path that a warm restart does not pay. The first job on an
+environment (tpupod's worker environment: the built-in trainer or any `python: none` job)
+publishes the bytecode of the modules it imported (trainer/bytecode_publish.py, started by the
+job's launcher); the bootstrap of a new venv restores it before the job starts (here).
 
 The files are checked-hash pycs (PEP 552): Python uses one only while the hash of its source
 matches, so an archive from another environment costs a compile. Like a compile-cache entry, the
@@ -30,7 +31,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 FORMAT = "1"  # bump when the archive layout changes
-MARKER = ".tpupod-bytecode"  # in the venv: what its restore found (the trainer reads it)
+MARKER = ".tpupod-bytecode"  # in the venv: what its restore found (the publisher reads it)
 
 
 def site_packages(venv: Path) -> Path:
@@ -157,15 +158,15 @@ def restore(venv: Path, cache_uri: str) -> str:
             restored = extract(venv, data)
         except (tarfile.TarError, EOFError, zlib.error) as e:
             error = f"{type(e).__name__}: {e}"
-    # An unreadable archive counts as none: this venv's trainer publishes a new one over it.
+    # An unreadable archive counts as none: this venv's job publishes a new one over it.
     marker = {"uri": uri, "found": data is not None and not error, "unreadable": bool(error),
               "restored": restored}  # fmt: skip
     (venv / MARKER).write_text(json.dumps(marker) + "\n")
     if data is None:
-        return f"bytecode: none at {uri} yet (the first trainer publishes it)"
+        return f"bytecode: none at {uri} yet (the first job publishes it)"
     if error:
         return (f"bytecode: {uri} is unreadable ({error}): the first imports compile from "
-                "source, and this venv's trainer publishes a new archive")  # fmt: skip
+                "source, and this venv's job publishes a new archive")  # fmt: skip
     return f"bytecode: restored {restored} modules from {uri} ({len(data) / 1e6:.1f} MB)"
 
 

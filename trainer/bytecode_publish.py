@@ -1,11 +1,17 @@
-"""The trainer's side of trainer/bytecode.py: after its first step, process 0 archives the bytecode
-of the modules it imported from its venv, when that venv's restore found no archive.
+"""The publishing side of trainer/bytecode.py: once a job in tpupod's worker environment
+(`python: none`, the built-in trainer's too) reports its first progress, its launcher
+(bootstrap/jobrun.py) starts this module to archive the bytecode of the modules the job imported
+from that venv, when the venv's restore found no archive.
 
-The archive holds checked-hash pycs (PEP 552). Where Python already wrote a pyc that is certainly
-current, only its header changes; anything else is compiled. The work runs in a child at the
-lowest CPU priority, outside the bundle directory (trainerctl counts a process whose cwd is a
-bundle as the trainer), which stops when the trainer is gone, and which the trainer stops at its
-exit: a first run shorter than the publish publishes nothing, and the next start tries again.
+Which modules: the ones with a pyc in the venv's `__pycache__` directories: the venv is new (its
+restore found nothing to restore), so Python wrote each of those when the job first imported the
+module. The archive holds checked-hash pycs (PEP 552). Where Python already wrote a pyc that is
+certainly current, only its header changes; anything else is compiled. It runs at the lowest CPU
+priority, from `/` (jobctl counts a process whose cwd is a bundle as the job), and stops when its
+launcher is gone: a first run shorter than the publish publishes nothing, and the next start
+tries again.
+
+    python -m trainer.bytecode_publish CACHE_URI --venv VENV
 """
 
 from __future__ import annotations
@@ -15,16 +21,13 @@ import importlib.util
 import io
 import marshal
 import os
-import subprocess
 import sys
 import tarfile
-import threading
 from pathlib import Path
 
 from trainer.bytecode import archive_uri, mark_published, read_marker, site_packages
 
 _CHECKED_HASH = (0b11).to_bytes(4, "little")  # PEP 552 flags: hash-based, check the source
-_publisher: subprocess.Popen | None = None
 
 
 def _reusable(cached: bytes, pyc_mtime: float, source_stat: os.stat_result, hash_: bytes) -> bool:
@@ -87,84 +90,37 @@ def build_archive(venv: Path, sources: list[str], go_on=lambda: True) -> tuple[b
     return buf.getvalue(), count
 
 
-def imported_sources(venv: Path) -> list[str]:
-    """Source files of the modules this process imported from the venv's site-packages."""
-    prefix = str(site_packages(venv)) + os.sep
+def pycache_sources(venv: Path) -> list[str]:
+    """Source files in the venv's site-packages that have a pyc of this interpreter: the
+    modules imported since the venv was made."""
+    tag = f".{sys.implementation.cache_tag}.pyc"
     found = []
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and path.endswith(".py") and path.startswith(prefix):
-            found.append(path)
+    for pyc in site_packages(venv).rglob(f"__pycache__/*{tag}"):
+        source = pyc.parent.parent / (pyc.name[: -len(tag)] + ".py")
+        if source.is_file():
+            found.append(str(source))
     return found
 
 
-def publish_soon(cache_uri: str | None) -> None:
-    """Publish this process's imports when its venv's restore found no archive (a venv the
-    bootstrap did not make has no marker: nothing to serve), in a child at the lowest CPU
-    priority, so the training loop does not wait on it."""
-    global _publisher
-    venv = Path(sys.prefix)
-    if cache_uri is None or _publisher is not None:
-        return
+def _publish_main(cache_uri: str, venv: Path) -> int:
+    launcher = os.getppid()
+    os.nice(19)
+    # Out of the bundle: jobctl counts a process whose cwd is a bundle as the job.
+    os.chdir("/")
     marker = read_marker(venv)
     if marker.get("found") is not False or marker.get("published"):
-        return
-    sources = imported_sources(venv)
-    if not sources:
-        return
-    if "://" not in cache_uri:
-        cache_uri = os.path.abspath(cache_uri)  # the child works from /
-    command = [sys.executable, "-m", "trainer.bytecode_publish", cache_uri, "--venv", str(venv)]
-    if marker.get("unreadable"):
-        command.append("--replace")
-    try:
-        _publisher = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
-        )
-        # The list outgrows a pipe's buffer: fed from a thread, so the loop never waits on it.
-        threading.Thread(target=_feed, args=(_publisher, "\n".join(sources)), daemon=True).start()
-    except Exception as e:  # noqa: BLE001 - a cache: training goes on whatever happens here
-        print(f"warning: bytecode not published: {e}", file=sys.stderr, flush=True)
-
-
-def _feed(proc: subprocess.Popen, text: str) -> None:
-    try:
-        proc.stdin.write(text)
-        proc.stdin.close()
-    except OSError:  # the child was stopped
-        pass
-
-
-def stop_publishing(timeout: float = 0.0) -> None:
-    """At exit: give a publisher still running `timeout` s, then stop it (the next start
-    publishes): nothing of ours outlives the trainer."""
-    if _publisher is None or _publisher.poll() is not None:
-        return
-    try:
-        _publisher.wait(timeout)
-    except subprocess.TimeoutExpired:
-        _publisher.kill()
-        _publisher.wait()
-
-
-def _publish_main(cache_uri: str, venv: Path, replace: bool) -> int:
-    sources = [line for line in sys.stdin.read().split("\n") if line]
-    trainer = os.getppid()
-    os.nice(19)
+        return 0  # restored from an archive, published already, or not a venv the bootstrap made
     from trainer import storage  # fsspec/gcsfs: the trainer's own storage path
 
-    # Out of the bundle: trainerctl counts a process whose cwd is a bundle as the trainer.
-    os.chdir("/")
-
-    def trainer_alive() -> bool:  # a trainer killed outright leaves us orphaned: stop
-        return os.getppid() == trainer
+    def launcher_alive() -> bool:  # the job's launcher gone (the job ended or was killed): stop
+        return os.getppid() == launcher
 
     uri = archive_uri(cache_uri, venv)
-    if not replace and storage.exists(uri):
+    if not marker.get("unreadable") and storage.exists(uri):
         mark_published(venv)
         return 0
-    data, count = build_archive(venv, sources, trainer_alive)
-    if count and trainer_alive():
+    data, count = build_archive(venv, pycache_sources(venv), launcher_alive)
+    if count and launcher_alive():
         storage.write_bytes(uri, data)
         mark_published(venv)
         print(f"bytecode: published {count} modules ({len(data) / 1e6:.1f} MB) to {uri}",
@@ -174,11 +130,10 @@ def _publish_main(cache_uri: str, venv: Path, replace: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.bytecode_publish", description=__doc__)
-    p.add_argument("cache_uri", help="the compile cache; source paths come on stdin")
+    p.add_argument("cache_uri", help="the compile cache (local or gs://)")
     p.add_argument("--venv", required=True, type=Path)
-    p.add_argument("--replace", action="store_true", help="write over an unreadable archive")
     args = p.parse_args(argv)
-    return _publish_main(args.cache_uri, args.venv, args.replace)
+    return _publish_main(args.cache_uri, args.venv)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ One checkpoint is a Composite: `state` (params, optimizer state, step, RNG; rest
 into the target shardings), `data` (one grain iterator state file per process) and `meta` (process
 count, the config fields that fix parameter shapes). Orbax writes each step into a temporary
 directory and renames it only once every process has finished, so a step cut off mid-write is
-never listed, never restored.
+never listed, never restored. Once a step has committed, process 0 writes its manifest of sizes
+and CRC32Cs (trainer/manifest.py), which a restore checks first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 from orbax.checkpoint._src.handlers.pytree_checkpoint_handler import PyTreeCheckpointHandler
 
-from trainer import storage
+from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave
 from trainer.tokenizer import identity_of
@@ -94,6 +95,7 @@ class Checkpoints:
         self.deferred = 0  # periodic saves that came due while the previous one still wrote
         self._deferred_from: int | None = None  # the first step of a save deferred, not yet taken
         self.waited_behind_s = 0.0  # the longest periodic save() that found the previous writing
+        self.verify_s = 0.0  # the restore's manifest checks (trainer/restore.py)
 
     def step_dir(self, step: int) -> str:
         return storage.join(self.directory, str(step))
@@ -196,8 +198,15 @@ class Checkpoints:
             self._said_behind = True
             self.behind = {"step": step, "in_flight": self._pending, "waited_s": round(waited, 3)}
         if self._pending is not None:
-            self.committed = self._pending
+            self._commit(self._pending)
         self._pending = step
+
+    def _commit(self, step: int) -> None:
+        """A save has finished: its step is committed, and process 0 writes its manifest (every
+        process's files are in by then: Orbax commits after all of them)."""
+        self.committed = step
+        if jax.process_index() == 0:
+            manifest.write(self.step_dir(step), step)
 
     def behind_line(self, cfg: Config) -> str:
         """The one warning for saves that cannot keep up with the interval, with the fix."""
@@ -219,7 +228,8 @@ class Checkpoints:
     def poll(self) -> int | None:
         """The last committed step (an async save counts once it has finished)."""
         if self._pending is not None and not self.manager.is_saving_in_progress():
-            self.committed, self._pending = self._pending, None
+            step, self._pending = self._pending, None
+            self._commit(step)
         return self.committed
 
     def wait(self) -> int | None:

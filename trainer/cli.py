@@ -200,6 +200,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if hb is not None:
             hb.stop()
-        from trainer import bytecode_publish
-
-        bytecode_publish.stop_publishing()  # a publisher still running: the next start publishes

@@ -1,9 +1,10 @@
-"""Restore the newest readable committed step, and set the unreadable ones aside.
+"""Restore the newest verified, readable committed step, and set the others aside.
 
-Orbax lists only committed steps, but a committed step can still be unreadable: a data file
-truncated or deleted under it, metadata that fails to decode. Each such step is reported in one
-line (which step, which file, what was wrong), and the trainer restores the newest earlier step,
-state and data iterator alike, so the run still ends bitwise equal to an uninterrupted one.
+Orbax lists only committed steps, but a committed step can still be wrong: a file truncated,
+rewritten or deleted under it (its manifest's sizes and CRC32Cs disagree: trainer/manifest.py),
+metadata that fails to decode. Each such step is reported in one line (which step, which file,
+what was wrong), and the trainer restores the newest earlier step, state and data iterator
+alike, so the run still ends bitwise equal to an uninterrupted one.
 
 An unreadable step is moved aside, never deleted: renamed to `<step>.unreadable-<UTC time>`, a
 name Orbax's step discovery ignores (it lists only `^\\d+$` names), so the next save of that step
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from trainer import storage
+from trainer import manifest, storage
 from trainer.config import BadInput
 
 # What a missing, truncated or undecodable file raises: tensorstore reports as ValueError,
@@ -36,6 +37,10 @@ UNREADABLE_SUFFIX = ".unreadable-"
 
 class NoReadableStep(BadInput):
     """Every committed step failed to restore; nothing was moved."""
+
+
+class NotVerified(Exception):
+    """(file, reason): the step's files are not the ones its manifest lists."""
 
 
 @dataclass
@@ -138,12 +143,22 @@ def restore_newest_readable(checkpoints, abstract_state, data_iter):
     # on Orbax's closed event loop before the error reaches the `except` below.
     previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_failed_reads
     skipped: list[Unreadable] = []
+    t_verify = time.perf_counter()
+    verified_run = manifest.any_in(checkpoints.directory, steps)
+    checkpoints.verify_s = time.perf_counter() - t_verify
     for step in steps:
         file, reason = "?", "another process could not read it"
         try:
+            t_verify = time.perf_counter()
+            problem = manifest.check(checkpoints.step_dir(step), verified_run)
+            checkpoints.verify_s += time.perf_counter() - t_verify
+            if problem:
+                raise NotVerified(*problem)
             checkpoints.check_compatible(step, abstract_state)
             state, data_iter = checkpoints.restore(step, abstract_state, data_iter)
             ok = True
+        except NotVerified as e:
+            ok, (file, reason) = False, e.args
         except BadInput:
             raise
         except Exception as e:

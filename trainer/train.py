@@ -11,7 +11,7 @@ import time
 
 import jax
 
-from trainer import bytecode_publish, data, storage
+from trainer import data, storage
 from trainer.checkpoint import Checkpoints, Preemption
 from trainer.compile_cache import compile_program
 from trainer.config import Config
@@ -76,7 +76,7 @@ def run(
     if restored_from is not None:
         restore_s = round(time.perf_counter() - t_restore, 3)  # listing, checks, every read
         log.event("restored", step=restored_from, directory=checkpoints.directory,
-                  seconds=restore_s)  # fmt: skip
+                  seconds=restore_s, verify_s=round(checkpoints.verify_s, 3))  # fmt: skip
     else:  # a fresh state; its init program, like the step's, comes from the cache when it can
         t_init = time.perf_counter()
         init = compile_program(setup.lower_init(), mesh.devices.flat, compile_cache, "init")
@@ -138,7 +138,7 @@ def run(
             last_checkpoint=checkpoints.poll(),
         )
 
-    t_loop, first_step = time.perf_counter(), step + 1
+    t_loop = time.perf_counter()
     with mesh:
         while step < cfg.steps:
             batch = data.global_batch(next(data_iter), cfg, setup.batch_sharding)
@@ -147,8 +147,6 @@ def run(
             if pending is not None:
                 report(*pending)
             pending = (step, metrics)
-            if step == first_step and pid == 0:  # the path's imports are done: share their bytecode
-                bytecode_publish.publish_soon(compile_cache)
             if peak is None:
                 # Probe after the first step, not before it: a (re)start is judged by its time to
                 # the first step. Its metrics are read first, so the device is idle while the probe

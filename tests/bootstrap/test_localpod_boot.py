@@ -193,7 +193,7 @@ def test_local_pod_boots_both_workers_to_training(local_pod):
         assert env["JAX_COORDINATOR_ADDRESS"].startswith(local_pod.describe().workers[0].host + ":")
         assert env["TPUPOD_RUN_ID"] == local_pod.run_id
         assert len(trainer_processes(root)) == 1
-        # A new bucket holds no bytecode yet: the first trainer publishes it.
+        # A new bucket holds no bytecode yet: the first job publishes it.
         assert bytecode_marker(root)["found"] is False
         phases = " ".join(f"{p['name']}={p['seconds']:.1f}s" for p in boot["phases"])
         print(f"worker {i}: boot -> first step {first_step[i] - boot['started']:.1f}s ({phases})")

@@ -84,7 +84,9 @@ def test_checkpoints_lists_steps_readability_resume_step_and_set_aside(pod, tmp_
     steps = {s["name"]: s for s in report["steps"]}
     assert set(steps) == {"3", "6", "8", aside}
     assert steps["3"]["readable"] and steps["6"]["readable"]
-    assert steps["8"]["readable"] is False and steps["8"]["problem"].startswith("state/: ")
+    assert steps["3"]["verified"] and steps["6"]["verified"]  # their manifests match
+    assert steps["8"]["readable"] is False and steps["8"]["verified"] is False
+    assert f"{largest.name.split('/8/', 1)[1]}: verification failed:" in steps["8"]["problem"]
     assert steps[aside]["set_aside"] and steps[aside]["step"] == 3
     for name in ("3", "6", "8"):
         s = steps[name]
@@ -93,8 +95,12 @@ def test_checkpoints_lists_steps_readability_resume_step_and_set_aside(pod, tmp_
     table = _tpupod("checkpoints", "--stack", "local", "--pod-dir", str(pod_dir), url=url)
     assert table.returncode == 0, table.stderr[-3000:]
     assert "a restart resumes from step 6" in table.stdout
-    assert "step 8 unreadable: state/: " in table.stdout
+    assert "step 8 not verified: " in table.stdout and "verification failed" in table.stdout
     assert f"step 3 set aside by a fallback: {aside}" in table.stdout
+    verify = _tpupod("checkpoints", "--stack", "local", "--pod-dir", str(pod_dir), "--verify",
+                     "--structure-only", url=url)  # fmt: skip
+    assert verify.returncode == 1, verify.stderr[-3000:]
+    assert "verified and readable: 3, 6; failing: 8" in verify.stdout
 
 
 def test_checkpoints_errors_are_one_line(tmp_path):

@@ -9,6 +9,7 @@ import io
 import json
 import marshal
 import os
+import py_compile
 import subprocess
 import sys
 import tarfile
@@ -30,11 +31,6 @@ def make_venv(root: Path) -> Path:
     return venv
 
 
-def sources(venv: Path) -> list[str]:
-    pkg = bytecode.site_packages(venv) / "pkg"
-    return [str(pkg / "__init__.py"), str(pkg / "mod.py")]
-
-
 def run_python(venv: Path, code: str, write_bytecode: bool = False, *args: str):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
     env["PYTHONPATH"] = str(bytecode.site_packages(venv))
@@ -54,11 +50,15 @@ def import_mod(venv: Path) -> tuple[str, bool]:
     return out.stdout.strip(), f"code object from '{pyc}'" in out.stderr
 
 
-def publish(venv: Path, cache: Path, *flags: str) -> subprocess.CompletedProcess:
-    """As the trainer's child does it: sources on stdin, the archive beside the compile cache."""
+def publish(venv: Path, cache: Path) -> subprocess.CompletedProcess:
+    """As a job's launcher has it done once the job imported pkg.mod (whose pycs Python wrote)
+    into a venv whose restore found no archive (the marker says so, unless already written)."""
+    run_python(venv, "import pkg.mod", True)
+    marker = venv / bytecode.MARKER
+    if not marker.exists():
+        marker.write_text(json.dumps({"found": False, "restored": 0}))
     return subprocess.run(
-        [sys.executable, "-m", "trainer.bytecode_publish", str(cache), "--venv", str(venv), *flags],
-        input="\n".join(sources(venv)),
+        [sys.executable, "-m", "trainer.bytecode_publish", str(cache), "--venv", str(venv)],
         capture_output=True,
         text=True,
         check=True,
@@ -83,13 +83,13 @@ def drop_bytecode(venv: Path) -> None:
 
 def test_published_bytecode_restores_into_a_new_venv_and_is_loaded(tmp_path):
     venv, cache = make_venv(tmp_path), tmp_path / "compile-cache"
-    # The trainer's imports wrote timestamp pycs; the archive re-heads them (checked-hash).
-    run_python(venv, "import pkg.mod", True)
-    assert import_mod(venv) == ("v1", True)
+    # The job's imports wrote timestamp pycs; the archive re-heads them (checked-hash).
     out = publish(venv, cache)
+    assert import_mod(venv) == ("v1", True)
     uri = bytecode.archive_uri(str(cache), venv)
     assert "published 2 modules" in out.stderr and Path(uri).is_file()
     drop_bytecode(venv)
+    (venv / bytecode.MARKER).unlink()  # a new venv
     assert import_mod(venv) == ("v1", False)
 
     line = restore(venv, cache)
@@ -105,7 +105,9 @@ def test_published_bytecode_restores_into_a_new_venv_and_is_loaded(tmp_path):
 
 def test_a_changed_source_is_never_run_from_a_restored_pyc(tmp_path):
     venv, cache = make_venv(tmp_path), tmp_path / "compile-cache"
-    publish(venv, cache)  # no pycs yet: compiled from the sources
+    publish(venv, cache)
+    drop_bytecode(venv)
+    (venv / bytecode.MARKER).unlink()  # a new venv
     restore(venv, cache)
     assert import_mod(venv) == ("v1", True)
     (bytecode.site_packages(venv) / "pkg" / "mod.py").write_text("VALUE = 'v2'\n")
@@ -128,7 +130,7 @@ def test_publish_leaves_an_existing_archive_alone(tmp_path):
 def test_no_archive_yet_is_recorded_and_the_key_follows_the_environment(tmp_path):
     venv, cache = make_venv(tmp_path), tmp_path / "compile-cache"
     uri = bytecode.archive_uri(str(cache), venv)
-    assert restore(venv, cache) == f"bytecode: none at {uri} yet (the first trainer publishes it)"
+    assert restore(venv, cache) == f"bytecode: none at {uri} yet (the first job publishes it)"
     assert json.loads((venv / bytecode.MARKER).read_text())["found"] is False
     # Another set of installed distributions is another archive.
     (bytecode.site_packages(venv) / "other-2.0.dist-info").mkdir()
@@ -180,9 +182,8 @@ def test_an_unreadable_archive_is_one_line_and_the_next_publish_replaces_it(tmp_
     assert line.startswith(f"bytecode: {archive} is unreadable (") and "publishes a new" in line
     marker = json.loads((venv / bytecode.MARKER).read_text())
     assert marker["found"] is False and marker["unreadable"] is True and marker["restored"] == 0
-    # The trainer's publisher, told so, writes over it (otherwise it leaves an archive alone).
-    assert publish(venv, cache).stderr == ""
-    publish(venv, cache, "--replace")
+    # The next publisher, told so by the marker, writes over it (it leaves a readable one alone).
+    assert "published 2 modules" in publish(venv, cache).stderr
     drop_bytecode(venv)
     (venv / bytecode.MARKER).unlink()
     assert restore(venv, cache).startswith("bytecode: restored 2 modules")
@@ -214,40 +215,41 @@ def test_a_pyc_written_in_its_sources_second_is_compiled_again_not_reused(tmp_pa
     assert value(int(st.st_mtime) + 5) == "v0"  # later: Python's own pyc, taken as current
 
 
-def test_the_trainer_publishes_its_imports_only_when_its_venv_found_no_archive(
-    tmp_path, monkeypatch
-):
-    """publish_soon in this process, its venv swapped for one whose modules it imported: more
-    module paths than a pipe holds, all in the archive; a venv that found one publishes none."""
+def test_the_publisher_takes_what_the_job_imported_only_when_its_venv_found_no_archive(tmp_path):
+    """The modules with a pyc in the venv (what the job imported since the venv was made: 600
+    here, and one never imported) go into the archive; a venv whose restore found an archive,
+    or that published already, publishes nothing."""
     venv, cache = make_venv(tmp_path), tmp_path / "compile-cache"
     pkg = bytecode.site_packages(venv) / "pkg"
     names = [f"m{i:03d}_{'x' * 120}" for i in range(600)]
     for name in names:
         (pkg / f"{name}.py").write_text(f"NAME = {name!r}\n")
-    monkeypatch.syspath_prepend(str(bytecode.site_packages(venv)))
-    monkeypatch.setattr(sys, "prefix", str(venv))
-    monkeypatch.setattr(bytecode_publish, "_publisher", None)
-    for name in names:
-        monkeypatch.delitem(sys.modules, f"pkg.{name}", raising=False)
-        __import__(f"pkg.{name}")
-    try:
-        (venv / bytecode.MARKER).write_text(json.dumps({"found": True, "restored": 1}))
-        bytecode_publish.publish_soon(str(cache))
-        assert bytecode_publish._publisher is None
-        (venv / bytecode.MARKER).write_text(json.dumps({"found": False, "restored": 0}))
-        bytecode_publish.publish_soon(str(cache))
-        bytecode_publish.stop_publishing(timeout=120)
-        assert bytecode_publish._publisher.returncode == 0
-        # Published: the marker says so, and the next start in this venv starts no publisher.
-        assert json.loads((venv / bytecode.MARKER).read_text())["published"] is True
-        monkeypatch.setattr(bytecode_publish, "_publisher", None)
-        bytecode_publish.publish_soon(str(cache))
-        assert bytecode_publish._publisher is None
-    finally:
-        bytecode_publish.stop_publishing()
-        for name in ["pkg", *(f"pkg.{n}" for n in names)]:
-            sys.modules.pop(name, None)
-    with tarfile.open(bytecode.archive_uri(str(cache), venv)) as tar:
+        py_compile.compile(str(pkg / f"{name}.py"), doraise=True)  # as an import writes it
+    (pkg / "never_imported.py").write_text("X = 1\n")
+
+    def publish() -> subprocess.CompletedProcess:
+        command = [
+            sys.executable,
+            "-m",
+            "trainer.bytecode_publish",
+            str(cache),
+            "--venv",
+            str(venv),
+        ]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300,
+                              cwd=Path(bytecode.__file__).parents[1])  # fmt: skip
+
+    uri = Path(bytecode.archive_uri(str(cache), venv))
+    (venv / bytecode.MARKER).write_text(json.dumps({"found": True, "restored": 1}))
+    assert publish().returncode == 0 and not uri.exists()
+    (venv / bytecode.MARKER).write_text(json.dumps({"found": False, "restored": 0}))
+    done = publish()
+    assert done.returncode == 0 and "published 600 modules" in done.stderr, done.stderr
+    # Published: the marker says so, and the next start in this venv publishes nothing.
+    assert json.loads((venv / bytecode.MARKER).read_text())["published"] is True
+    stamp = uri.stat().st_mtime_ns
+    assert publish().returncode == 0 and uri.stat().st_mtime_ns == stamp
+    with tarfile.open(uri) as tar:
         members = set(tar.getnames())
     sp = bytecode.site_packages(venv).relative_to(venv).as_posix()
-    assert {f"{sp}/pkg/__pycache__/{n}.{TAG}.pyc" for n in names} <= members
+    assert {f"{sp}/pkg/__pycache__/{n}.{TAG}.pyc" for n in names} == members

@@ -71,11 +71,12 @@ def test_ocdbt_files_old_format_and_fallback_past_unreadable_steps(spawn, tmp_pa
     assert "state/ocdbt.process_0/manifest.ocdbt" in new12, new12
     assert any(k.startswith("state/ocdbt.process_0/d/") for k in new12), new12
 
-    # 2. Newest step's state/ deleted: the same fallback.
+    # 2. Newest step's state/ deleted: the same fallback (its manifest says first what is gone).
     fs.rm(f"{CKPT}/12/state", recursive=True)
     t = run_ok(spawn, base, tmp_path, "nostate", env=gcs_emulator)
     line = _fallback_line(t.stderr)
-    assert "step 12 is unreadable (state/: missing)" in line and "restoring step 8" in line, line
+    assert "step 12 is unreadable (state/" in line and "verification failed: missing" in line
+    assert "restoring step 8" in line, line
     assert summary(WD)["params_fingerprint"] == reference
 
     # 3. Every committed step truncated: one line, exit 2, every object as it was.

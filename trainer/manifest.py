@@ -1,0 +1,113 @@
+"""Checksums of a committed checkpoint step, written once it commits and checked before it is
+restored: a step whose files changed, shrank, vanished or multiplied since is never restored.
+
+`<step>/tpupod-manifest.json` lists every file of the step (its items state, data and meta, and
+Orbax's own files) with its size and CRC32C. On GCS the CRC32C is the one the store computed when
+the object was written, read from a listing (a manifest costs one listing, not a read of the
+checkpoint); on a local disk it is computed from the bytes. Verifying lists again and compares:
+bytes rewritten (another CRC32C), a file truncated, deleted or added, or a manifest unreadable
+or empty, all fail the step. Why a manifest rather than a checksum codec in the array store: it
+covers every item (the data iterator's files, the JSON metadata, Orbax's commit files), not only
+the arrays, and on GCS it reads nothing the restore does not read anyway.
+
+A run from before manifests (none of its steps has one) is restored as before; once a run has
+manifests, a committed step without one (its writer died between the commit and the manifest)
+counts as unverified and is not restored.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import google_crc32c
+
+from trainer import storage
+
+NAME = "tpupod-manifest.json"
+FORMAT = "tpupod-manifest-v1"
+
+
+def _crc32c(data: bytes) -> str:
+    """As GCS spells it: base64 of the big-endian 4 bytes."""
+    return base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
+
+
+def listing(step_dir: str) -> dict[str, list]:
+    """Relative path -> [size, CRC32C] of every file of the step but the manifest."""
+    fs = storage.fs(step_dir)
+    if storage.is_remote(step_dir):
+        fs.invalidate_cache(step_dir)  # written by tensorstore, not through this filesystem
+    found = fs.find(step_dir, detail=True)
+    base = fs._strip_protocol(step_dir).rstrip("/") + "/"
+    files = {}
+    for path, info in found.items():
+        rel = path.removeprefix(base)
+        if rel == NAME or info.get("type") == "directory":
+            continue
+        crc = info.get("crc32c") if storage.is_remote(step_dir) else None
+        if crc is None:
+            with fs.open(path, "rb") as f:
+                crc = _crc32c(f.read())
+        files[rel] = [int(info["size"]), crc]
+    return files
+
+
+def write(step_dir: str, step: int) -> None:
+    """The step's manifest, from what it holds now (call once it has committed)."""
+    doc = {"format": FORMAT, "step": step, "files": listing(step_dir)}
+    storage.write_bytes(storage.join(step_dir, NAME), json.dumps(doc, sort_keys=True).encode())
+
+
+def differences(manifest: dict, files: dict[str, list]) -> str | None:
+    """None when `files` (relative path -> [size, CRC32C]) are exactly the manifest's, else the
+    first difference, as `file: what`."""
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        return f"{NAME}: not a {FORMAT} manifest"
+    listed = manifest["files"]
+    if not listed:
+        return f"{NAME}: lists no files"
+    for rel in sorted(set(listed) | set(files)):
+        if rel not in files:
+            return f"{rel}: missing (the manifest lists it)"
+        if rel not in listed:
+            return f"{rel}: not in the manifest (added after the commit)"
+        (size, crc), (want_size, want_crc) = files[rel], listed[rel]
+        if size != want_size:
+            return f"{rel}: {size} bytes, the manifest says {want_size}"
+        if crc != want_crc:
+            return f"{rel}: CRC32C {crc}, the manifest says {want_crc} (its bytes changed)"
+    return None
+
+
+def read(step_dir: str) -> dict | None:
+    """The step's manifest; None when it has none; {} when it is unreadable."""
+    uri = storage.join(step_dir, NAME)
+    try:
+        raw = storage.read_bytes(uri)
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def check(step_dir: str, run_has_manifests: bool) -> tuple[str, str] | None:
+    """None when the step is verified (or a run from before manifests), else (file, reason)."""
+    manifest = read(step_dir)
+    if manifest is None:
+        if not run_has_manifests:
+            return None
+        return NAME, "missing: the step committed but was never verified"
+    problem = differences(manifest, listing(step_dir))
+    if problem is None:
+        return None
+    file, _, reason = problem.partition(": ")
+    return file, f"verification failed: {reason}"
+
+
+def any_in(directory: str, steps: list[int]) -> bool:
+    """Some step of the run has a manifest (a run from after manifests)."""
+    return any(storage.exists(storage.join(directory, str(s), NAME)) for s in steps)
