@@ -8,7 +8,7 @@ just before the call into the pod and goes to the journal as `injected` (kind, n
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ops.phases import Phase
@@ -78,6 +78,9 @@ class Schedule:
     notice: float = 30.0
     stop_steps: int | None = None
     cycle: bool = False  # repeat `kinds` until the job is done
+    # Before the first fault: e.g. the job's environment published (what hours of a real run
+    # have done by their first preemption), so every fault meets the steady state.
+    ready: Callable[[], bool] | None = None
     injected: list[dict] = field(default_factory=list)
     _start: float | None = None  # the first healthy poll
     _healthy_step: int = 0  # the step at the first healthy poll after the last fault
@@ -93,7 +96,7 @@ class Schedule:
     def __call__(self, watcher, probes) -> None:
         self._maybe_kill_watch(watcher)
         step = healthy(watcher, probes)
-        if step is None:
+        if step is None or (not self.injected and self.ready is not None and not self.ready()):
             return
         now = time.time()
         if self._start is None:

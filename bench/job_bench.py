@@ -107,7 +107,7 @@ def recovery(job_dir: Path, rounds: int, notice: float, out: Path, console) -> d
     kinds = [k for _ in range(rounds) for k in KINDS]
     schedule = {"kinds": kinds, "min_steps": 30, "stop_steps": 30}
     record = run_on_pod(out / "pod-job-recovery", "", schedule, notice=notice, console=console,
-                        job=job, hang=10.0)  # fmt: skip
+                        job=job, hang=10.0, warm=True)  # fmt: skip
     record.save(out / "job-recovery-run.json")
     return {"job": str(job_dir), "incidents": first_steps(record)}
 

@@ -90,12 +90,14 @@ def run_on_pod(
     references: tuple[str, ...] = ("reference-none",),
     after=None,
     job=None,
+    warm: bool = False,
 ) -> RunRecord:
     """Runs the job (the built-in trainer's with `trainer_args`, or `job`, an infra.job.Job)
     under watch with a `bench.faults.Schedule(**schedule_kwargs)`; with `reference`, then the
     uninterrupted "reference" and `references` (built-in trainer only); `after(pod)` (its result
-    in `checks`) runs on the pod before it goes. The pod is always torn down, whatever
-    happens."""
+    in `checks`) runs on the pod before it goes; `warm`: no fault before the job's environment
+    is published (its bytecode in the bucket, as hours of a real run leave it by the first
+    preemption). The pod is always torn down, whatever happens."""
     from localpod.pod import LocalPod
     from ops.demo_reference import read_object
 
@@ -118,7 +120,8 @@ def run_on_pod(
         journal_file.unlink(missing_ok=True)
         journal = Journal(journal_file, console)
         sampler.start()
-        schedule = Schedule(pod, notice=notice, **schedule_kwargs)
+        ready = (lambda: bytecode_published(pod)) if warm else None
+        schedule = Schedule(pod, notice=notice, ready=ready, **schedule_kwargs)
         config = watch_config(notice, hang, JobRules.of(pod.job.spec))
         outcome = watch_until_end(pod, journal, schedule, config)
         finished = time.time()
@@ -184,6 +187,21 @@ def watch_until_end(pod, journal: Journal, schedule: Schedule, config) -> str:
         except Stop as why:
             journal.event("stopped", f"benchmark schedule complete: {why}")
             return "stopped"
+
+
+def bytecode_published(pod) -> bool:
+    """Some venv's bytecode archive is in the pod's bucket (trainer/bytecode.py)."""
+    import urllib.parse
+    import urllib.request
+
+    url = pod.describe().pod["emulator_url"]
+    prefix = urllib.parse.quote(f"compile-cache/{pod.stack}/bytecode/", safe="")
+    try:
+        with urllib.request.urlopen(f"{url}/storage/v1/b/{pod.bucket}/o?prefix={prefix}",
+                                    timeout=10) as r:  # fmt: skip
+            return bool(json.loads(r.read()).get("items"))
+    except (OSError, ValueError):
+        return False
 
 
 def code_ok(outcome: str) -> bool:

@@ -1,5 +1,7 @@
 """Recovery on the local pod, in phases: preemptions with notice, without, crashes and hangs, in
-turn, three of each (`rounds`), so every kind's recovery is a median of three.
+turn, three of each (`rounds`), so every kind's recovery is a median of three. The first fault
+waits until the job's environment is published (its bytecode in the bucket), as hours of a real
+run have done by the first preemption: every fault meets the steady state.
 
 Each phase is the gap between two consecutive milestones, so the phases add up to the total:
   injected        the pod call (bench.faults)       detected      journal `detected`
@@ -174,7 +176,7 @@ def run(
     kinds = [k for _ in range(rounds) for k in RECOVERY_KINDS]
     schedule = {"kinds": kinds, "min_steps": min_steps, "stop_steps": min_steps}
     record = run_on_pod(out_dir / "pod-recovery", args, schedule, notice=notice, console=console,
-                        hang=HANG_S)  # fmt: skip
+                        hang=HANG_S, warm=True)  # fmt: skip
     record.save(out_dir / "recovery-run.json")
     return report_run(record)
 

@@ -82,9 +82,15 @@ def metadata(contract: dict[str, str], key: str) -> str:
         return response.read().decode()
 
 
+_token: list = ["", 0.0]  # the VM's access token and when to ask for a new one
+
+
 def token(contract: dict[str, str]) -> str:
-    raw = metadata(contract, "instance/service-accounts/default/token")
-    return json.loads(raw)["access_token"]
+    """The VM's access token, asked for again a minute before it expires."""
+    if time.time() >= _token[1]:
+        raw = json.loads(metadata(contract, "instance/service-accounts/default/token"))
+        _token[:] = [raw["access_token"], time.time() + float(raw.get("expires_in", 300)) - 60]
+    return _token[0]
 
 
 def read_secret(contract: dict[str, str], project: str, secret: str) -> str:

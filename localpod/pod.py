@@ -12,6 +12,7 @@ create / delete, the control API for describe and faults), so separate processes
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -107,6 +108,9 @@ class LocalPod:
     def _pod(self) -> dict | None:
         return read_json(self.paths.pod)
 
+    def _config(self) -> dict:
+        return read_json(self.paths.config) or {}
+
     def is_up(self) -> bool:
         pod = self._pod()
         return bool(pod and procs.alive(pod["controller_pid"], pod["controller_start"]))
@@ -140,10 +144,24 @@ class LocalPod:
             ) from None
 
     def up(self, timeout: float = 180.0, progress: Callable[[str], None] | None = None) -> PodInfo:
-        """Start the controller, create the slice, return once it is READY; clean up on failure."""
+        """Start the controller, create the slice, return once it is READY; clean up on failure.
+        One `up` at a time per pod directory: a second is refused at once, in one line."""
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.root / "up.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise PodError(f"another `tpupod local up` is starting the pod in {self.paths.root}; "
+                               "wait for it, or `tpupod local down`") from None  # fmt: skip
+            return self._up(timeout, progress)
+
+    def _up(self, timeout: float, progress: Callable[[str], None] | None) -> PodInfo:
         note = progress or (lambda _msg: None)
         if self.is_up():
-            raise PodError(f"a local pod is already up in {self.paths.root} (`tpupod local down`)")
+            pod = self._pod() or {}
+            raise PodError(f"a local pod is already up in {self.paths.root} (controller pid "
+                           f"{pod.get('controller_pid')}, run {self._config().get('run_id')}): "
+                           "`tpupod local down` first")  # fmt: skip
         self.down()  # leftovers of a pod whose controller died
         self.paths.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.paths.storage, ignore_errors=True)  # a fresh bucket per pod

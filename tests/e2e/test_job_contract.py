@@ -4,8 +4,10 @@ exit 0 on SIGTERM, exit 2 from its fourth attempt on) and the real `watch` runni
 
 1. every variable of the contract, as the job sees it, and its own environment and secret;
 2. `tpupod stop` holds: the watcher, running, undoes nothing; `tpupod start` is attempt 2;
-3. a preemption without notice: the slice is recreated as attempt 3, and attempt 2's output,
-   whose VM is gone, is read from the bucket (`tpupod logs --attempt 2`);
+3. a preemption without notice, during whose recovery the watcher meets a bug of its own (the
+   create raises) and dies; a new watcher goes on from the state in the bucket, recreating the
+   slice once, as attempt 3; attempt 2's output, whose VM is gone, is read from the bucket
+   (`tpupod logs --attempt 2`);
 4. a crash: attempt 4 exits 2 (`exit_codes.fatal`): recovery stops at once, one line in
    `tpupod status`, watch exits 3;
 5. the secret's value is in no metadata, bundle, environment file or log.
@@ -33,6 +35,7 @@ from ops.journal import Journal
 from ops.recovery import Limits
 from ops.remote_state import RemoteState
 from ops.target import local_target
+from ops.tpu import TpuProvider
 from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
@@ -68,7 +71,7 @@ def contract_lines(text: str) -> list[dict]:
             if line.startswith("contract ")]  # fmt: skip
 
 
-def test_the_job_contract_end_to_end(tmp_path, capsys):
+def test_the_job_contract_end_to_end(tmp_path, capsys, monkeypatch):
     job = jobs.load(CONTRACT)
     pod = LocalPod(tmp_path / "pod", workers=2, job=job)
     secret = f"s3cr3t-{secrets.token_hex(8)}"
@@ -82,16 +85,17 @@ def test_the_job_contract_end_to_end(tmp_path, capsys):
         limits = Limits(hang=10, start=120, stall=30, bootstrap=300, ssh=60, preempt_grace=3)
         config = WatchConfig(limits=limits, rules=JobRules.of(job.spec), poll=0.5,
                              max_failures=3, ready_deadline=120, backoff_base=0.5)  # fmt: skip
-        watcher = Watcher(pod_provider(pod.paths.root), journal, config, store=state,
-                          hold=state.read_hold)  # fmt: skip
 
-        def guard() -> None:
-            if stop.is_set():
-                raise Stop
+        def watch() -> threading.Thread:
+            """A watcher on the bucket's state, in a thread of its own, as the service runs it."""
+            watcher = Watcher(pod_provider(pod.paths.root), journal, config, store=state,
+                              hold=state.read_hold)  # fmt: skip
+            watcher.guard = lambda: _stop_if(stop)
+            thread = threading.Thread(target=lambda: outcome.append(_run(watcher)), daemon=True)
+            thread.start()
+            return thread
 
-        watcher.guard = guard
-        thread = threading.Thread(target=lambda: outcome.append(_run(watcher)), daemon=True)
-        thread.start()
+        thread = watch()
         cli = ["--stack", "local", "--pod-dir", str(pod.paths.root)]
 
         # 1. The contract, as the job sees it.
@@ -134,8 +138,15 @@ def test_the_job_contract_end_to_end(tmp_path, capsys):
         # 3. A preemption without notice: attempt 3 on a new slice; attempt 2's output from
         # the bucket (its VM is gone).
         time.sleep(3)  # attempt 2's first upload (jobrun.FIRST_UPLOAD_S)
+        monkeypatch.setattr(TpuProvider, "start_create", _raises_once(TpuProvider.start_create))
         pod.preempt(0, wait=False)
+        thread.join(timeout=60)  # the bug ends the watch as an exception ends the process (exit 1)
+        assert [str(o) for o in outcome] == ["a bug in the watcher"], outcome
+        outcome.clear()
+        thread = watch()  # what systemd does after exit 1: the new watcher continues the incident
         wait("attempt 3 progressing", lambda: progressing(pod, 3), timeout=180)
+        continuing = [e for e in journal.events if e["event"] == "continuing"]
+        assert len(continuing) == 1 and continuing[0]["kind"] == "preemption", continuing
         capsys.readouterr()
         assert main(["logs", *cli, "--attempt", "2", "-n", "0"]) == 0
         out = capsys.readouterr().out
@@ -189,8 +200,28 @@ def test_the_job_contract_end_to_end(tmp_path, capsys):
         pod.down()
 
 
-def _run(watcher: Watcher) -> int | str:
+def _run(watcher: Watcher) -> int | str | Exception:
     try:
         return watcher.run()
     except Stop:
         return "stopped"
+    except RuntimeError as err:  # an internal error: the process would exit 1
+        return err
+
+
+def _stop_if(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise Stop
+
+
+def _raises_once(method):
+    """The real method, but the first call raises: a bug inside a recovery step."""
+    calls = []
+
+    def call(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the watcher")
+        return method(self, *args, **kwargs)
+
+    return call

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -155,6 +156,25 @@ def test_cli_status_and_errors(pod: LocalPod, tmp_path: Path) -> None:
     assert absent.returncode == 2
     assert absent.stderr.startswith("tpupod: no local pod is up")
     assert len(absent.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_up_is_refused_in_one_line(pod: LocalPod, tmp_path: Path) -> None:
+    """While one `up` starts a pod (it holds the directory's lock) and once the pod is up."""
+    tpupod = [sys.executable, "-m", "ops", "local", "up"]
+    again = subprocess.run([*tpupod, "--pod-dir", str(pod.paths.root)], capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr
+    assert f"a local pod is already up in {pod.paths.root} (controller pid" in again.stderr
+    assert f"run {pod.run_id}" in again.stderr
+    starting = tmp_path / "starting"
+    starting.mkdir()
+    with open(starting / "up.lock", "w") as lock:  # as an `up` under way holds it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        racing = subprocess.run([*tpupod, "--pod-dir", str(starting)], capture_output=True,
+                                text=True, timeout=60)  # fmt: skip
+    assert racing.returncode == 2 and len(racing.stderr.strip().splitlines()) == 1
+    assert "another `tpupod local up` is starting the pod in" in racing.stderr
+    assert not (starting / "pod.json").exists()  # nothing started
 
 
 def test_down_leaves_no_process_and_no_port(pod_factory, booted) -> None:
