@@ -282,17 +282,17 @@ phase_job_python() {
   if [ -f "$env/.tpupod-env" ]; then
     echo "python: $mode environment $env already built"
   else
-    rm -rf "$env.tmp"
+    # Built in place (a venv's scripts name its path: one built elsewhere and moved breaks
+    # them); the marker, written last, is what says it is complete.
+    rm -rf "$env"
     mkdir -p "$TPUPOD_ROOT/envs" "$UV_CACHE_DIR"
     if [ "$mode" = uv ]; then # the job's own lock; the project itself runs from job/
-      (cd "$dir/job" && UV_PROJECT_ENVIRONMENT="$env.tmp" uv sync --locked --no-install-project)
+      (cd "$dir/job" && UV_PROJECT_ENVIRONMENT="$env" uv sync --locked --no-install-project)
     else
-      (cd "$dir/job" && uv venv --quiet "$env.tmp" &&
-        uv pip install --python "$env.tmp/bin/python" -r requirements.txt)
+      (cd "$dir/job" && uv venv --quiet "$env" &&
+        uv pip install --python "$env/bin/python" -r requirements.txt)
     fi
-    echo "$hash" >"$env.tmp/.tpupod-env"
-    rm -rf "$env"
-    mv -T "$env.tmp" "$env"
+    echo "$hash" >"$env/.tpupod-env"
     echo "python: $mode environment built in $env"
   fi
   echo "$env" >"$TPUPOD_ROOT/job.venv"

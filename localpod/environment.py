@@ -73,6 +73,10 @@ def worker_env(
 ) -> dict[str, str]:
     uv = uv_executable()
     path = f"{uv.parent}:{SYSTEM_PATH}" if uv else SYSTEM_PATH
+    # The image's other Pythons, after the system's: a job's lock may need one uv cannot
+    # download here (its downloads come from GitHub), e.g. MaxText's 3.12.
+    if extra := os.environ.get("TPUPOD_LOCAL_PYTHON_DIRS"):
+        path = f"{path}:{extra}"
     env = {k: os.environ[k] for k in _PASS_THROUGH if k in os.environ}
     env.update(
         {

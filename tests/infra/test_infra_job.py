@@ -147,3 +147,14 @@ def test_job_check_and_local_up_refuse_a_bad_job_in_one_line(tmp_path):
 def test_the_jobs_spec_travels_as_json():
     spec = jobs.builtin().spec
     assert json.loads(spec.to_json())["run"] == "exec python -m trainer --config tiny"
+
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "examples" / "jobs").iterdir()))
+def test_every_example_job_is_valid_and_ships_what_it_runs(name):
+    job = jobs.load(REPO / "examples" / "jobs" / name)
+    assert job.spec.steps, "examples declare their steps (the done rule)"
+    scripts = [w for w in job.spec.run.split() if w.endswith((".py", ".sh"))]
+    assert scripts and all(s in job.files for s in scripts), (job.spec.run, sorted(job.files))
+    if job.spec.python == "uv":
+        assert {"pyproject.toml", "uv.lock"} <= set(job.files)
