@@ -149,7 +149,6 @@ def test_the_jobs_spec_travels_as_json():
     assert json.loads(spec.to_json())["run"] == "exec python -m trainer --config tiny"
 
 
-
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "examples" / "jobs").iterdir()))
 def test_every_example_job_is_valid_and_ships_what_it_runs(name):
     job = jobs.load(REPO / "examples" / "jobs" / name)
