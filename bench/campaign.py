@@ -1,6 +1,6 @@
 """The fault campaign: `uv run python -m bench faults --count 100 [--seed S]`.
 
-A seeded random mix of faults (bench.faults.KINDS: notices, kills, crashes, hangs, kills during a
+A seeded random mix of faults (localpod.faults.KINDS: notices, kills, crashes, hangs, kills during a
 save, stockouts on the re-create, watch kills mid-recovery) goes into long `tiny` runs on the
 local pod through the real `watch`, one fault whenever the job is healthy again and has stepped
 past one more checkpoint. The campaign runs in legs (`--per-leg` faults each, one pod run: the
@@ -23,11 +23,11 @@ import json
 import random
 from pathlib import Path
 
-from bench.faults import KINDS
 from bench.podrun import RunRecord, run_on_pod
 from bench.recovery_bench import HANG_S, LABELS, checkpoint_interval, incidents
 from bench.report import Figure, median, spread
 from bench.steps_lost import Loss, goal_text, judge
+from localpod.faults import KINDS
 
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,

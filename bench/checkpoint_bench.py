@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.checkpoint_storage import median_step
+from bench.storage_trainer import median_step
 from bench.trainer_bench import REPO, train
 
 
@@ -147,7 +147,7 @@ def run(config: str = "small", steps: int = 30, every: int | None = None, repeat
         if pod:
             from bench.checkpoint_pod import trials_on_pod
 
-            done = trials_on_pod(config, steps, every, order, Path(tmp), console)
+            done = trials_on_pod(config, steps, every, order, variant_sets, Path(tmp), console)
         else:
             done = []
             for r, name in order:

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 
-from bench.checkpoint_storage import BUCKET, _until_step, events_in, start_trainer
+from bench.storage_trainer import BUCKET, events_in, start_trainer, until_step
 
 
 def compression_case(config: str, env: dict, cc: str) -> dict:
@@ -19,7 +19,7 @@ def compression_case(config: str, env: dict, cc: str) -> dict:
         sets = [f"checkpoint_compression={str(on).lower()}"]
         proc = start_trainer(config, 10, wd, sets, env, cc)
         try:
-            _until_step(proc, 2)
+            until_step(proc, 2)
             proc.send_signal(signal.SIGTERM)
             term = events_in(proc.stdout.read())["preempted"]
             proc.wait(timeout=300)

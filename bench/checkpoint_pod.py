@@ -16,28 +16,29 @@ TRIAL_TIMEOUT_S = 3600.0
 def loop_figures(log: Path) -> tuple[float, list[float]]:
     """From worker 0's log: the one-off matmul peak probe inside the loop (0 if none: the figure
     is cached after the first run) and every step's seconds (the pod is gone after the bench)."""
-    from bench.checkpoint_storage import events_in, step_times
+    from bench.storage_trainer import events_in, step_times
 
     text = log.read_text(errors="replace") if log.exists() else ""
     probe = float(events_in(text).get("peak_measured", {}).get("seconds", 0.0))
     return probe, step_times(text)
 
 
-def trials_on_pod(config: str, steps: int, every: int, order, out: Path, console=None) -> list:
-    """Runs `order` ((round, variant) pairs) on one pod; per run its loop seconds (less the peak
+def trials_on_pod(
+    config: str, steps: int, every: int, order, sets_of, out: Path, console=None
+) -> list:
+    """Runs `order` ((round, variant) pairs; `sets_of(variant, every)`: its --set values) on one pod; per run its loop seconds (less the peak
     probe), its median step seconds (every step logged) and, unmeasured here, CPU seconds (None).
     A run that fails ends the benchmark."""
     from rich.console import Console
 
-    from bench.checkpoint_bench import variant_sets
-    from bench.checkpoint_storage import median_step
+    from bench.storage_trainer import median_step
 
     console = console or Console()
 
     def trials(pod) -> dict:
         done = []
         for r, name in order:
-            sets = " ".join(f"--set {s}" for s in [*variant_sets(name, every), "log_every=1"])
+            sets = " ".join(f"--set {s}" for s in [*sets_of(name, every), "log_every=1"])
             run = f"overhead-{name}-{r + 1}"
             summary, _ = run_reference(pod, f"--config {config}", TRIAL_TIMEOUT_S, console, run,
                                        f"--steps {steps} {sets}")  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bench.checkpoint_storage import (
+from bench.storage_trainer import (
     BUCKET,
     emulator,
     events_in,

@@ -10,67 +10,27 @@ latency). `smoke`: Orbax save + restore of a tiny-sized tree through the emulato
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.trainer_bench import REPO
+from bench.checkpoint_compression import compression_case, compression_figure
+from bench.storage_trainer import (
+    BUCKET,
+    emulator,
+    events_in,
+    median_step_time,
+    start_trainer,
+    until_step,
+)
 
-BUCKET = "tpupod-bench"
 # tiny <= 1 s is issue 15's; small's restore goal is ours (a 52M-parameter model with its Adam
 # state, ~0.6 GB); a save on notice must commit well inside the 30 s notice: half of it.
 GOALS = {"restore_tiny_s": 1.0, "restore_small_s": 10.0, "save_tiny_s": 15.0, "save_small_s": 15.0}
-
-
-@contextlib.contextmanager
-def emulator(log: Path):
-    """The pod's GCS emulator (localpod.emulator) on a free loopback port; yields its env."""
-    from localpod.storage import running_emulator
-
-    with running_emulator(BUCKET, log) as url:
-        yield {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-               "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x", "FSSPEC_GCS_TOKEN": "anon",
-               "NO_GCE_CHECK": "true", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}  # fmt: skip
-
-
-def start_trainer(config, steps, workdir, sets, env, cc) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "trainer", "--config", config, "--steps", str(steps),
-           "--workdir", workdir, "--compile-cache", cc, "--set", "log_every=1"]  # fmt: skip
-    for s in sets:
-        cmd += ["--set", s]
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"), **env}
-    return subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-
-
-def events_in(out: str) -> dict[str, dict]:
-    """The last line of each event name in a trainer's stdout."""
-    found = {}
-    for line in out.splitlines():
-        with contextlib.suppress(ValueError):
-            r = json.loads(line)
-            if isinstance(r, dict) and "event" in r:
-                found[r["event"]] = r
-    return found
-
-
-def _until_step(proc: subprocess.Popen, step: int) -> str:
-    """Reads the run's stdout until it logs `step`; returns what it read."""
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(f'{{"step": {step},'):
-            break
-    return "".join(seen)
 
 
 def _requests(log: Path, since: int) -> int:
@@ -89,20 +49,20 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
     sets = [f"checkpoint_every={every}"]
     proc = start_trainer(config, steps, wd, sets, env, cc)
     try:
-        _until_step(proc, every + 1)
+        until_step(proc, every + 1)
         proc.send_signal(signal.SIGTERM)
         term = events_in(proc.stdout.read())["preempted"]
         proc.wait(timeout=300)
         before = log.stat().st_size
         proc = start_trainer(config, steps, wd, sets, env, cc)
-        first = _until_step(proc, term["step"] + 1)
+        first = until_step(proc, term["step"] + 1)
         restored, requests = events_in(first).get("restored", {}), _requests(log, before)
         kill_at = term["step"] + every + max(every // 2, 1)  # mid-interval, one save after resume
-        step_s = median_step_time(first + _until_step(proc, kill_at))
+        step_s = median_step_time(first + until_step(proc, kill_at))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         proc = start_trainer(config, steps, wd, sets, env, cc)
-        resumed = events_in(_until_step(proc, kill_at + 1)).get("restored", {})
+        resumed = events_in(until_step(proc, kill_at + 1)).get("restored", {})
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -119,25 +79,6 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
         "step_s": step_s,  # median seconds a step in the killed run
         "interval_s": step_s * every if step_s else None,
     }
-
-
-def step_times(out: str) -> list[float]:
-    """Every `step_time` a trainer logged (log_every=1: one a step), the first with the compile."""
-    times = []
-    for line in out.splitlines():
-        with contextlib.suppress(ValueError):
-            if isinstance(r := json.loads(line), dict) and "step_time" in r:
-                times.append(r["step_time"])
-    return times
-
-
-def median_step(times: list[float]) -> float | None:
-    """The median of a run's step seconds, the first (which holds the compile) left out."""
-    return statistics.median(times[1:] or times) if times else None
-
-
-def median_step_time(out: str) -> float | None:
-    return median_step(step_times(out))
 
 
 def storage_figures(r: dict) -> list:
@@ -162,8 +103,6 @@ def storage_figures(r: dict) -> list:
                                "committed (the trainer's preempted.save_s)"))  # fmt: skip
         rows.append(steps_lost_figure(c, where))
     if "compression" in r:  # runs before the compression choice have none
-        from bench.checkpoint_compression import compression_figure
-
         rows.append(compression_figure(r["compression"]))
     lat = r["latency"]
     rows.append(Figure("GCS emulator: one small GET", lat["median_s"] * 1e3, "ms",
@@ -239,8 +178,6 @@ def storage_run(configs=(("tiny", 300, 100), ("tiny", 40, 5), ("small", 30, 4)))
     save against 100 steps of under 10 ms; at 40 they no longer did), and at 5 (they do not);
     small at 4 steps per save: about 7 s per step on a 2-core CPU, so three starts of it
     (SIGTERM, resume, SIGKILL, resume) stay within minutes."""
-    from bench.checkpoint_compression import compression_case
-
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "emulator.log"
         with emulator(log) as env:

@@ -11,31 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from localpod import faults
+from localpod.faults import KILLS_WATCH, ONLY_WHILE_SAVING
 from ops.phases import Phase
-
-# Fault kind -> what it does to the local pod.
-KINDS = {
-    "notice": "preemption with notice (SIGTERM, the trainer saves, then the slice goes)",
-    "kill": "preemption without notice (notice=0: SIGTERM and SIGKILL at once)",
-    "crash": "SIGKILL of worker 0's trainer (the slice stays)",
-    "hang": "SIGSTOP of worker 0's trainer (the slice stays; watch sees a stale heartbeat)",
-    "save-kill": "preemption without notice while a worker's trainer is saving",
-    "stockout": "preemption without notice, and the first re-create meets a stockout",
-    "watch-kill": "preemption without notice, and the watch dies mid-recovery (a new one goes on "
-    "from incident.json)",
-}
-# Fault kind -> the pod call that injects it (pod, notice seconds).
-INJECT = {
-    "notice": lambda pod, notice: pod.preempt(notice=notice, wait=False),
-    "kill": lambda pod, notice: pod.preempt(notice=0, wait=False),
-    "crash": lambda pod, notice: pod.crash(0),
-    "hang": lambda pod, notice: pod.hang(0),
-    "save-kill": lambda pod, notice: pod.preempt(notice=0, wait=False),
-    "stockout": lambda pod, notice: (pod.inject_stockout(1), pod.preempt(notice=0, wait=False)),
-    "watch-kill": lambda pod, notice: pod.preempt(notice=0, wait=False),
-}
-ONLY_WHILE_SAVING = {"save-kill"}
-KILLS_WATCH = {"watch-kill"}
 
 
 class WatchKilled(Exception):
@@ -130,21 +108,20 @@ class Schedule:
 
     def inject(self, watcher, kind: str, step: int) -> None:
         started = time.time()
-        if kind not in INJECT:
-            raise ValueError(f"unknown fault {kind!r}; known: {', '.join(KINDS)}")
+        notice = self.notice if kind == "notice" else 0.0  # every other kind is without notice
+        faults.kind_of(kind)  # an unknown kind is a mistake in the schedule, not a deferral
         try:
-            INJECT[kind](self.pod, self.notice)
+            faults.inject(self.pod, kind, notice)
         except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
             watcher.journal.event("error", f"fault injection deferred: {err}")
             return
-        notice = self.notice if kind == "notice" else 0.0
         record = {"time": started, "kind": kind, "notice": notice, "step": step}
         if kind in KILLS_WATCH:
             self._kill_watch_in = 1 + sum(f["kind"] in KILLS_WATCH for f in self.injected) % 3
         self.injected.append(record)
         watcher.journal.event(
             "injected",
-            f"{KINDS[kind]} at step ~{step}",
+            f"{faults.describe(kind, notice)} at step ~{step}",
             fault=kind,
             injected_at=started,
             notice=notice,

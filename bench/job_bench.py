@@ -48,7 +48,7 @@ VARIANTS = {"tpupod": UNDER_TPUPOD, "direct": DIRECT}
 
 def timed_run(pod, variant: str, run: str, timeout: float = 1800.0) -> float:
     """One run of the job on every worker at once; first launch -> last exit, seconds."""
-    from ops.demo_reference import pod_provider
+    from localpod.demo.reference import pod_provider
     from ops.workers import WorkerGroup, as_root
 
     workers = pod_provider(pod.paths.root).describe().workers

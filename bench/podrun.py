@@ -1,7 +1,7 @@
 """One benchmark run on a local pod: bring it up, watch it with `ops.watch.Watcher` while a fault
 schedule injects events and a sampler records the workers' files, then tear it down.
 
-The pod, the watch loop and the journal are the real ones the demo uses (`ops.demo`); the
+The pod, the watch loop and the journal are the real ones the demo uses (`localpod.demo.run`); the
 benchmarks run the built-in trainer's job (`trainer_args`), whose uninterrupted references run
 the trainer itself with the job's environment. This module only wires them together and keeps
 what the analyses need.
@@ -98,8 +98,8 @@ def run_on_pod(
     in `checks`) runs on the pod before it goes; `warm`: no fault before the job's environment
     is published (its bytecode in the bucket, as hours of a real run leave it by the first
     preemption). The pod is always torn down, whatever happens."""
+    from localpod.demo.reference import read_object
     from localpod.pod import LocalPod
-    from ops.demo_reference import read_object
 
     console = console or Console()
     pod = LocalPod(
@@ -172,7 +172,7 @@ def run_on_pod(
 def watch_until_end(pod, journal: Journal, schedule: Schedule, config) -> str:
     """The real watch loop with the schedule as its on_poll hook; a watch the schedule kills
     (WatchKilled) is replaced by a new one that goes on from the same incident.json."""
-    from ops.demo_reference import pod_provider
+    from localpod.demo.reference import pod_provider
 
     provider = pod_provider(pod.paths.root)
     store = IncidentStore(pod.paths.root / "incident.json")
@@ -265,7 +265,7 @@ def run_reference(
     root, like the job), observed as the watch observes the faulted run: its summary.json
     (final step, fingerprint) and its wall time. Its own workdir, runs/<name>; `extra` (default:
     REFERENCES[name]) follows the job's arguments, so its --steps and --set win."""
-    from ops.demo_reference import pod_provider, read_object
+    from localpod.demo.reference import pod_provider, read_object
     from ops.workers import WorkerGroup, as_root
 
     bucket = json.loads((pod.paths.root / "endpoints.json").read_text())["bucket"]

@@ -14,8 +14,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from bench.checkpoint_storage import emulator, events_in, start_trainer
 from bench.report import Figure
+from bench.storage_trainer import emulator, events_in, start_trainer
 
 GOAL = 0.10
 STEPS = {"tiny": 6, "small": 3}

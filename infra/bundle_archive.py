@@ -17,9 +17,10 @@ from pathlib import Path
 from infra.job import Job, builtin
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# The watcher VM runs `python -m ops` from the same bundle, which imports infra and localpod.
+# The watcher VM runs `python -m ops` from the same bundle, which imports infra. The test bed
+# (localpod, bench) stays on the operator's machine: nothing the workers or the watcher run needs it.
 BUNDLE_PATHS = (
-    "trainer", "bootstrap", "ops", "infra", "localpod",
+    "trainer", "bootstrap", "ops", "infra",
     "pyproject.toml", "uv.lock", ".python-version", "README.md",
 )  # fmt: skip
 JOB_DIR = "job"  # where the job's directory lands in the bundle

@@ -8,8 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any, Protocol
 
-from infra.config import StackConfig
+
+class StackConfig(Protocol):
+    """What names are made of: infra.config.StackConfig has it (which validates with these names,
+    so this module cannot import it)."""
+
+    stack: str
+    project: str
+    existing_bucket: str | None
+    bucket_name: str | None
+    accelerator: Any  # a catalog.Accelerator (its .name)
+
 
 GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"[^a-z0-9_-]+")

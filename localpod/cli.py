@@ -1,5 +1,5 @@
 """`tpupod local ...`: up, down, status, endpoints, secret, and the faults (preempt, crash, hang,
-stockout).
+stockout, storage-faults).
 
 Errors are `PodError`s: ops.cli prints any type in `USER_ERRORS` as one line (exit 2), so this
 module depends on no ops module. `slice_table` draws a slice from its attributes alone (state,
@@ -200,6 +200,21 @@ def _stockout(args: argparse.Namespace) -> int:
     )
 
 
+def _storage_faults(args: argparse.Namespace) -> int:
+    """Show the bucket's fault plan and counts; with --rate, replace the plan first."""
+    plan = None
+    if args.rate is not None:
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        plan = {"rate": args.rate, "kinds": kinds, "stall_s": args.stall_s, "seed": args.seed}
+    report = _pod(args).storage_faults(plan)
+    p = report["plan"]
+    injected = ", ".join(f"{k} {n}" for k, n in report["injected"].items())
+    print(f"storage faults: {p['rate']:.1%} of requests fail as {'/'.join(p['kinds'])} "
+          f"(stall {p['stall_s']:g} s, seed {p['seed']}); {report['requests']} requests "
+          f"since the plan was set, injected: {injected}")  # fmt: skip
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     pod_dir = argparse.ArgumentParser(add_help=False)
     pod_dir.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
@@ -264,3 +279,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stockout.add_argument("--count", type=int, default=1, help="creates to fail")
     stockout.set_defaults(func=_stockout)
+
+    faults = sub.add_parser(
+        "storage-faults", parents=[pod_dir],
+        help="fail a fraction of the bucket's requests (429, 503, dropped, stalled), as GCS can; "
+        "without --rate, show the plan and what it injected",
+    )  # fmt: skip
+    faults.add_argument(
+        "--rate", type=float, help="fraction of requests that fail, 0 to 1 (0: off)"
+    )
+    faults.add_argument(
+        "--kinds",
+        default="429,503,drop",
+        help="comma-separated: 429, 503, drop, stall [%(default)s]",
+    )
+    faults.add_argument(
+        "--stall-s", type=float, default=5.0, help="how long a stalled request waits [%(default)s]"
+    )
+    faults.add_argument("--seed", type=int, default=0, help="seed of the fault draws [0]")
+    faults.set_defaults(func=_storage_faults)

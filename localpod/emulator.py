@@ -17,6 +17,8 @@ The server, its HTTP API and its object storage are the stock ones; this module 
   after every write (24.5 ms against 0.6 ms per write at 1,300 objects); in memory it has no reader.
 - Soft delete off in the default bucket: pruned checkpoint steps would otherwise stay in memory
   for GCS's default 7 days.
+- Injected faults (429, 503, dropped connections, stalls) on a chosen fraction of requests:
+  localpod.storage_faults, off unless `TPUPOD_STORAGE_FAULTS` or `/_tpupod/faults` asks.
 
 `python -m localpod.emulator start --host 127.0.0.1 --port P --default-bucket B`
 """
@@ -35,7 +37,10 @@ from gcp_storage_emulator.__main__ import main
 from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import buckets, objects
 
+from localpod import storage_faults
+
 _LOCK = threading.Lock()
+_FAULTS = storage_faults.FaultGate(storage_faults.FaultPlan())
 _stock_read_raw = server._read_raw_data
 _stock_bucket_resource = buckets._make_bucket_resource
 
@@ -123,9 +128,14 @@ def _no_soft_delete(*args, **kwargs) -> dict:
 
 def _handle_serialised(self, method, _stock=server.Router.handle) -> None:
     """Reads the whole body first (an unread body would corrupt the next request on a kept-alive
-    connection), then routes under the lock."""
+    connection), draws an injected fault, then routes under the lock (a stall waits outside it)."""
     handler = self._request_handler
     handler.tpupod_body = _stock_read_raw(handler)
+    if handler.path.split("?", 1)[0] == storage_faults.CONTROL_PATH:
+        storage_faults.control(_FAULTS, handler, str(method).upper(), handler.tpupod_body)
+        return
+    if storage_faults.inject(_FAULTS, handler):
+        return
     with _LOCK:
         _stock(self, method)
 
@@ -182,6 +192,7 @@ def install() -> None:
 
 
 def run(argv: list[str]) -> int:
+    _FAULTS.set(storage_faults.plan_from_env())
     install()
     if "--in-memory" not in argv:
         argv = [*argv, "--in-memory"]

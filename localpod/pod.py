@@ -29,7 +29,7 @@ from pathlib import Path
 from infra import metadata
 from infra.bundle_archive import build_bundle
 from infra.job import Job, builtin, check_run_id, new_run_id
-from localpod import procs, secret_manager, storage, tpu_client
+from localpod import procs, secret_manager, storage, storage_faults, tpu_client
 from localpod.environment import accelerator_type, pod_metadata
 from localpod.state import (
     PROJECT_ROOT,
@@ -317,6 +317,20 @@ class LocalPod:
     def inject_stockout(self, count: int = 1) -> int:
         """The next `count` creates fail with RESOURCE_EXHAUSTED; returns how many are pending."""
         return self._request("POST", f"/stockout?count={count}")["pending"]
+
+    def storage_faults(self, plan: dict | None = None) -> dict:
+        """The bucket's injected faults (localpod.storage_faults): the report, after replacing
+        the plan when one is given."""
+        url = self._live_pod()["emulator_url"] + storage_faults.CONTROL_PATH
+        data = json.dumps(plan).encode() if plan is not None else None
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            reason = (json.loads(err.read() or b"{}").get("error") or {}).get("message", err)
+            raise PodError(f"storage faults: {reason}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise PodNotUp(f"the local pod's storage emulator is not answering: {err}") from None
 
     def recreate(self, wait: bool = True) -> PodInfo:
         if self.describe().state != SliceState.MISSING:

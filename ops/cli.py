@@ -1,21 +1,29 @@
-"""`tpupod`: the operator's command line. Each feature module registers its own subcommands."""
+"""`tpupod`: the operator's command line. Each feature module registers its own subcommands.
+
+The product's commands are listed here. Others come from the `tpupod.commands` entry point group:
+the test bed (`localpod`: `tpupod local ...`, `tpupod demo`) declares its own in pyproject.toml,
+so nothing in the product names it, and a machine without it (a watcher VM runs `tpupod watch`
+from the bundle, which does not carry the test bed) simply has no such commands.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from importlib.metadata import entry_points
+from types import ModuleType
 
 # Modules exposing `register(subparsers)`; each adds its subcommands with `set_defaults(func=...)`.
 # A module may also expose `USER_ERRORS`, exception types that mean bad input or an impossible
-# request (printed as one line, exit 2), so that localpod needs nothing from ops.
+# request (printed as one line, exit 2), so that a plugin needs nothing from this module.
 COMMAND_MODULES: list[str] = [
-    "localpod.cli",
     "ops.commands",
     "ops.run_control",
     "ops.job_check",
     "ops.checkpoints",
 ]
+PLUGIN_GROUP = "tpupod.commands"
 
 
 class CliError(Exception):
@@ -31,16 +39,28 @@ def build_parser() -> argparse.ArgumentParser:
         "`pulumi up --stack NAME`; `--stack local` is a slice on this machine.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in command_modules():
+        module.register(sub)
     return parser
+
+
+def command_modules() -> list[ModuleType]:
+    """The product's command modules, then every installed plugin's whose package is here."""
+    modules = [importlib.import_module(name) for name in COMMAND_MODULES]
+    for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            modules.append(plugin.load())
+        except ModuleNotFoundError as err:  # declared, but its package is not on this machine
+            if not plugin.value.startswith(f"{err.name}.") and plugin.value != err.name:
+                raise
+    return modules
 
 
 def user_errors() -> tuple[type[Exception], ...]:
     """CliError plus every command module's USER_ERRORS."""
     found: list[type[Exception]] = [CliError]
-    for name in COMMAND_MODULES:
-        found.extend(getattr(importlib.import_module(name), "USER_ERRORS", ()))
+    for module in command_modules():
+        found.extend(getattr(module, "USER_ERRORS", ()))
     return tuple(found)
 
 

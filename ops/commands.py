@@ -1,4 +1,4 @@
-"""`tpupod status|logs|watch|demo`: the operator's commands, for any provider."""
+"""`tpupod status|logs|watch`: the operator's commands, for any provider."""
 
 from __future__ import annotations
 
@@ -31,10 +31,6 @@ WATCH_DEFAULTS = {
                 grace=60.0, capacity=60.0),
 }  # fmt: skip
 LOG_FILES = {"job": "job.log", "bootstrap": "bootstrap.log"}
-# `tpupod demo`: tiny steps about ten times a second on the pod, and each fault waits until the
-# laptop sees the trainers at its step (a second or two after the previous recovery): at 60 steps
-# a run once finished before its second fault could be injected.
-DEMO_STEPS, DEMO_MIN_STEPS = 150, 100
 
 
 def provider_for(args: argparse.Namespace) -> TpuProvider:
@@ -219,12 +215,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from ops.demo import run_demo
-
-    return run_demo(args)
-
-
 def stack_options() -> argparse.ArgumentParser:
     """--stack, --spec, --pod-dir: the options of every command that acts on a slice."""
     stack = argparse.ArgumentParser(add_help=False)
@@ -300,22 +290,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="JSON-lines journal; incident.json goes beside it [.tpupod/ops/STACK/journal.jsonl]",
     )
     watch.set_defaults(func=cmd_watch)
-
-    demo = subparsers.add_parser(
-        "demo",
-        help="local pod: run a job through a hang, a crash and a preemption, recover each, and "
-        "compare its final checkpoint with an uninterrupted run's, bitwise",
-    )
-    demo.add_argument(
-        "--job", type=Path,
-        help="a job directory (tpupod-job.yaml, with steps and progress) [the built-in trainer]",
-    )  # fmt: skip
-    demo.add_argument("--preset", default="tiny", help="the built-in trainer's config preset")
-    demo.add_argument(
-        "--steps",
-        type=int,
-        default=DEMO_STEPS,
-        help=f"training steps (at least {DEMO_MIN_STEPS}) [{DEMO_STEPS}]",
-    )
-    demo.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
-    demo.set_defaults(func=cmd_demo)

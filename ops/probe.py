@@ -6,12 +6,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ops.job_status import JobStatus, parse_status
-
-if TYPE_CHECKING:
-    from ops.workers import Outcome
+from ops.outcome import Outcome
 
 # mtime <path>: the file's modification time, empty when it is missing.
 _SECTIONS = """mt() { date -r "$1" +%s.%N 2>/dev/null || true; }

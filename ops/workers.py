@@ -16,12 +16,12 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
 from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
 
+from ops.outcome import Outcome
 from ops.probe import Probe, last_line, parse_probe, probe_script
 from ops.provider import Worker
 
@@ -46,22 +46,6 @@ PROBE_SCRIPT = probe_script(ROOT)
 
 class WorkerError(Exception):
     """A command failed on some workers after all retries; the message names them."""
-
-
-@dataclass
-class Outcome:
-    """One worker's result: `exited` is None when SSH itself failed (then `error` says why)."""
-
-    index: int
-    exited: int | None
-    stdout: str = ""
-    stderr: str = ""
-    error: str | None = None
-    fatal: bool = False  # a refused host key: retrying cannot help
-
-    @property
-    def ok(self) -> bool:
-        return self.exited == 0
 
 
 class WorkerGroup:

@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             state=TrainerState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e)
         )
         return EXIT_BAD_INPUT
+    from trainer import storage
     from trainer.metrics import Heartbeat  # jax-free: the status file appears within a second
 
     try:
@@ -155,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
         hb.update(state=TrainerState.INITIALIZING)
         if not args.workdir:
             raise BadInput("--workdir (or $TPUPOD_WORKDIR, $TPUPOD_RUN_DIR) is required")
-        from trainer import storage
-
         workdir = storage.normalize(args.workdir)
         storage.check_writable(workdir, args.process_id or 0)
         # The heavy imports (jax, flax, optax, orbax, grain) all here, so that `jax_initialized`
@@ -192,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         if hb is not None:
             hb.update(state=TrainerState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e))
         return EXIT_BAD_INPUT
+    except storage.Unreachable as e:  # a failure (the watcher retries it), in one line
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        if hb is not None:
+            hb.update(state=TrainerState.FAILED, exit_code=EXIT_FAILED, message=str(e))
+        return EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - report every failure in the status file
         traceback.print_exc()
         if hb is not None:

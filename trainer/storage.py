@@ -5,7 +5,9 @@ gcsfs honours STORAGE_EMULATOR_HOST, so the local pod's emulator needs no specia
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
 import fsspec
 
@@ -57,8 +59,33 @@ def exists(uri: str) -> bool:
     return fs(uri).exists(uri)
 
 
-def check_writable(uri: str, process_id: int) -> None:
-    """Fails early, as bad input, when the workdir cannot be written (missing bucket, no access)."""
+# How long the start-up probe waits for a bucket: gcsfs alone retries an unreachable endpoint for
+# about 84 s, printing a traceback per try; a trainer that cannot reach its bucket says so sooner.
+PROBE_TIMEOUT_S = 20.0
+
+
+class Unreachable(Exception):
+    """The workdir's storage did not answer in time: a failure to retry, not bad input."""
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines()[0] if str(e) else type(e).__name__)[:200]
+
+
+class _LastRetry(logging.Handler):
+    """Keeps gcsfs's retry messages (the cause) off stderr, remembering the last one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.cause = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "exception:" in message:
+            self.cause = message.split("exception:", 1)[1].strip().splitlines()[0][:200]
+
+
+def _probe(uri: str, process_id: int, result: dict) -> None:
     probe = join(uri, f".probe-{process_id}")
     try:
         if not is_remote(uri):
@@ -66,5 +93,32 @@ def check_writable(uri: str, process_id: int) -> None:
         write_bytes(probe, b"ok")
         fs(uri).rm(probe)
     except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise BadInput(f"workdir {uri} is not writable: {reason[:200]}") from None
+        result["error"] = _first_line(e)
+
+
+def check_writable(uri: str, process_id: int, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Fails early when the workdir cannot be written: BadInput for a missing bucket or no
+    access, Unreachable when its storage does not answer within `timeout` seconds."""
+    log = logging.getLogger("gcsfs")
+    saved = log.level, log.propagate
+    retries = _LastRetry()
+    log.addHandler(retries)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    result: dict = {}
+    try:
+        worker = threading.Thread(target=_probe, args=(uri, process_id, result), daemon=True)
+        worker.start()
+        worker.join(timeout)
+    finally:
+        log.removeHandler(retries)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+    if worker.is_alive():
+        endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+        bucket = uri.split("://", 1)[1].split("/", 1)[0]
+        cause = retries.cause or "no answer"
+        raise Unreachable(f"workdir {uri}: bucket {bucket} unreachable at {endpoint} for "
+                          f"{timeout:.0f} s ({cause}); check the network path to storage")  # fmt: skip
+    if "error" in result:
+        raise BadInput(f"workdir {uri} is not writable: {result['error']}")

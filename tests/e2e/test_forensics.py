@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.demo_reference import pod_provider
 from ops.journal import Journal
 from ops.recovery import Limits
 from ops.remote_state import RemoteState

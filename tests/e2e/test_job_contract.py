@@ -20,6 +20,8 @@ import json
 import secrets
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,9 +29,9 @@ from rich.console import Console
 
 from infra import job as jobs
 from infra.bundle_archive import build_bundle
+from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
 from ops.cli import main
-from ops.demo_reference import pod_provider
 from ops.job_status import JobRules
 from ops.journal import Journal
 from ops.recovery import Limits
@@ -195,6 +197,19 @@ def test_the_job_contract_end_to_end(tmp_path, capsys, monkeypatch):
         leaked = [where for where, data in places.items() if secret.encode() in data]
         assert leaked == [], leaked
         assert secret.encode() not in (tmp_path / "journal.jsonl").read_bytes()
+
+        # 6. `tpupod local storage-faults`: the bucket's fault plan set, shown, refused if bad.
+        faults = ["local", "storage-faults", "--pod-dir", str(pod.paths.root)]
+        capsys.readouterr()
+        assert main([*faults, "--rate", "1", "--kinds", "503"]) == 0
+        assert "100.0% of requests fail as 503" in capsys.readouterr().out
+        with pytest.raises(urllib.error.HTTPError, match="503"):
+            urllib.request.urlopen(f"{endpoints['storage']}/storage/v1/b", timeout=10)
+        assert main(faults) == 0
+        assert "503 1," in capsys.readouterr().out
+        assert main([*faults, "--rate", "2"]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+        assert main([*faults, "--rate", "0"]) == 0
     finally:
         stop.set()
         pod.down()

@@ -21,10 +21,10 @@ import pytest
 from rich.console import Console
 
 from infra import job as jobs
+from localpod.demo.observer import Fault, FaultPlan
+from localpod.demo.reference import compare_runs, pod_provider, run_reference
 from localpod.pod import LocalPod
 from ops.checkpoint_compare import Comparison
-from ops.demo_observer import Fault, FaultPlan
-from ops.demo_reference import compare_runs, pod_provider, run_reference
 from ops.job_status import JobRules
 from ops.journal import Journal
 from ops.recovery import Limits
@@ -68,10 +68,9 @@ def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, tmp_
     try:
         pod.up()
         faults = [
-            Fault("crash", int(steps * 0.3), lambda p: p.crash(1), "crash (SIGKILL) of worker 1"),
-            Fault("preemption", int(steps * 0.6), lambda p: p.preempt(notice, wait=False),
-                  f"preemption, {notice:g}s notice"),
-        ]  # fmt: skip
+            Fault("crash", int(steps * 0.3), worker=1),
+            Fault("notice" if notice else "kill", int(steps * 0.6), notice=notice),
+        ]
         code, events = run_with_faults(pod, faults, tmp_path / "journal.jsonl")
         messages = [f"{e['event']}: {e['message']}" for e in events]
         assert code == 0, messages
@@ -99,7 +98,7 @@ def test_a_wrong_resume_is_reported_not_equal(tmp_path):
     pod = LocalPod(tmp_path / "pod", workers=2, job=job)
     try:
         pod.up()
-        crash = Fault("crash", 35, lambda p: p.crash(0), "crash (SIGKILL) of worker 0")
+        crash = Fault("crash", 35, worker=0)
         code, events = run_with_faults(pod, [crash], tmp_path / "journal.jsonl")
         assert code == 0, [e["message"] for e in events]
         comparison = against_reference(pod)

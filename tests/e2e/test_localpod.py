@@ -17,8 +17,8 @@ import pytest
 
 from infra import metadata
 from localpod import procs, storage
+from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.demo_reference import pod_provider
 from ops.provider import SliceState
 
 pytestmark = pytest.mark.e2e

@@ -21,9 +21,9 @@ import pytest
 from rich.console import Console
 
 from infra import job as jobs
+from localpod.demo.observer import Fault, FaultPlan
+from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.demo_observer import Fault, FaultPlan
-from ops.demo_reference import pod_provider
 from ops.job_status import JobRules
 from ops.journal import Journal
 from ops.recovery import Limits
@@ -54,8 +54,7 @@ def test_maxtext_resumes_from_its_own_checkpoint_after_a_preemption(tmp_path, mo
     pod = LocalPod(tmp_path / "pod", workers=2, job=job)
     try:
         pod.up()
-        preempt = Fault("preemption", 600, lambda p: p.preempt(NOTICE_S, wait=False),
-                        f"preemption, {NOTICE_S:g}s notice")  # fmt: skip
+        preempt = Fault("notice", 600, notice=NOTICE_S)
         limits = Limits(hang=job.spec.hang_after_s or 300, start=job.spec.startup_timeout_s or 900,
                         stall=300, bootstrap=1800, ssh=60, preempt_grace=NOTICE_S)  # fmt: skip
         config = WatchConfig(limits=limits, rules=JobRules.of(job.spec), poll=1.0,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from google.api_core.exceptions import NotFound
 
+from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.demo_reference import pod_provider
 from ops.incident import IncidentStore
 from ops.journal import Journal
 from ops.phases import Phase

@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 
 from infra import job as jobs
+from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.demo_reference import pod_provider
 from ops.job_status import JobRules
 from ops.journal import Journal
 from ops.recovery import Limits

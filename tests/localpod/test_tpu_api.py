@@ -193,6 +193,8 @@ def test_endpoints_cli_prints_contract_1_with_live_ports(pod, endpoints) -> None
 
 
 def test_localpod_imports_nothing_from_ops() -> None:
+    """The local cloud shares no code with the product it serves (localpod/demo/, which drives
+    the pod as a user would, is the one part that uses ops)."""
     pattern = re.compile(r"^\s*(from ops[ .]|import ops\b)", re.MULTILINE)
     offenders = [p.name for p in (ROOT / "localpod").glob("*.py") if pattern.search(p.read_text())]
     assert offenders == []

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 from trainer_testlib import run_ok, summary
 
 STEPS = 16
 
 
+# CI runs the same path (data, workdir and compile cache on gs://, a restore) under storage faults
+# in test_storage_faults.py; this fault-free run stays for `pytest -m slow`.
+@pytest.mark.slow
 def test_gcs_workdir_end_to_end(spawn, tmp_path, gcs_emulator):
     src = tmp_path / "src"
     src.mkdir()

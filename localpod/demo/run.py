@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -25,14 +26,19 @@ from rich.table import Table
 
 from infra import job as jobs
 from localpod import watcher_vm
+from localpod.demo.observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
+from localpod.demo.reference import compare_runs, emulator_env, pod_provider, run_reference
+from localpod.pod import LocalPod
+from localpod.state import PodError
 from ops.cli import CliError
-from ops.commands import DEMO_MIN_STEPS
-from ops.demo_observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
-from ops.demo_reference import compare_runs, emulator_env, pod_provider, run_reference
 from ops.provider import ProviderError
 from ops.remote_state import RemoteState
 from ops.target import ROOT, local_target
 
+# Tiny steps about ten times a second on the pod, and each fault waits until the laptop sees the
+# trainers at its step (a second or two after the previous recovery): at 60 steps a run once
+# finished before its second fault could be injected.
+DEMO_STEPS, DEMO_MIN_STEPS = 150, 100
 NOTICE_S = 60.0  # SIGTERM -> SIGKILL; the job exits once its save is committed
 # The watcher VM's `tpupod watch` flags: a hang is a heartbeat (the built-in trainer's) or the
 # slice's progress (any job's) this many seconds old.
@@ -46,12 +52,10 @@ def demo_faults(steps: int) -> list[Fault]:
     after a re-creation it must describe and connect anew, and a short run could finish in the
     meantime."""
     return [
-        Fault("hang", int(steps * 0.25), lambda pod: pod.hang(1), "hang (SIGSTOP) of worker 1"),
-        Fault("crash", int(steps * 0.4), lambda pod: pod.crash(0), "crash (SIGKILL) of worker 0"),
-        Fault("preemption", int(steps * 0.55), lambda pod: pod.preempt(NOTICE_S, wait=False),
-              f"preemption with {NOTICE_S:g}s notice, then a stockout on the first recreate",
-              then=lambda pod: pod.inject_stockout(1)),
-    ]  # fmt: skip
+        Fault("hang", int(steps * 0.25), worker=1),
+        Fault("crash", int(steps * 0.4), worker=0),
+        Fault("stockout", int(steps * 0.55), notice=NOTICE_S),
+    ]
 
 
 def demo_job(args: argparse.Namespace) -> jobs.Job:
@@ -147,9 +151,6 @@ def print_sample(pod_dir, workdir: str, console: Console, prompt: str = "def ") 
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from localpod.pod import LocalPod
-    from localpod.state import PodError
-
     console = Console()
     job = demo_job(args)
     steps = job.spec.steps
@@ -219,3 +220,25 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _interrupt(*_args) -> None:
     raise KeyboardInterrupt
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """`tpupod demo`, registered through the `tpupod.commands` entry points (pyproject.toml)."""
+    demo = subparsers.add_parser(
+        "demo",
+        help="local pod: run a job through a hang, a crash and a preemption, recover each, and "
+        "compare its final checkpoint with an uninterrupted run's, bitwise",
+    )
+    demo.add_argument(
+        "--job", type=Path,
+        help="a job directory (tpupod-job.yaml, with steps and progress) [the built-in trainer]",
+    )  # fmt: skip
+    demo.add_argument("--preset", default="tiny", help="the built-in trainer's config preset")
+    demo.add_argument(
+        "--steps",
+        type=int,
+        default=DEMO_STEPS,
+        help=f"training steps (at least {DEMO_MIN_STEPS}) [{DEMO_STEPS}]",
+    )
+    demo.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
+    demo.set_defaults(func=run_demo)

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from localpod import faults
 from ops.journal import echo
 from ops.lease import Lease
 from ops.probe import Probe
@@ -30,17 +31,33 @@ PROGRESS_S = 5.0  # trainer status for the progress bar only
 
 @dataclass
 class Fault:
-    kind: str  # the incident kind watch reports for it
+    """One planned fault of the local pod's vocabulary (localpod.faults.KINDS), at a step."""
+
+    kind: str  # a localpod.faults kind: notice, kill, crash, hang, stockout, ...
     at_step: int
-    inject: Callable[[object], object]  # LocalPod -> anything
-    label: str
-    then: Callable[[object], object] | None = None  # also, right after the injection
+    worker: int = 0
+    notice: float = 0.0
+
+    def __post_init__(self) -> None:
+        faults.kind_of(self.kind)
+
+    @property
+    def incident(self) -> str:
+        """The incident kind the watcher reports for it."""
+        return faults.KINDS[self.kind].incident
+
+    @property
+    def label(self) -> str:
+        return faults.describe(self.kind, self.notice, self.worker)
+
+    def inject(self, pod) -> object:
+        return faults.inject(pod, self.kind, self.notice, self.worker)
 
 
 @dataclass
 class FaultPlan:
-    """Injects faults in order, each once the previous one has been recovered and every worker
-    trains at its step: from the demo's observer loop (`observed`), or from an in-process
+    """Injects faults in order (one per incident kind), each once the previous one has been
+    recovered and every worker trains at its step: from the demo's observer loop (`observed`), or from an in-process
     Watcher's on_poll hook (tests, benchmarks)."""
 
     faults: list[Fault]
@@ -63,7 +80,7 @@ class FaultPlan:
         """The demo's loop: what the laptop sees (the watcher's journal, trainers over SSH); no
         SSH while the watcher recovers (the 2 cores are busier with that)."""
         settled = all(view.seen("resumed", kind, after=t) for kind, t in self.injected.items())
-        pending = any(f.kind not in self.injected for f in self.faults)
+        pending = any(f.incident not in self.injected for f in self.faults)
         every = OBSERVE_S if pending else PROGRESS_S  # SSH costs CPU the trainers need
         if not settled or view.recovering() or time.time() - trainers.probed_at < every:
             return
@@ -75,7 +92,7 @@ class FaultPlan:
 
     def missed(self) -> list[Fault]:
         """Faults of the plan never injected (the run ended first): the demo fails on them."""
-        return [f for f in self.faults if f.kind not in self.injected]
+        return [f for f in self.faults if f.incident not in self.injected]
 
     def due(self, steps: list[int], settled: bool) -> Fault | None:
         if self.progress is not None and steps:
@@ -88,13 +105,12 @@ class FaultPlan:
     def inject(self, fault: Fault, step: int, journal: Callable[..., object]) -> None:
         try:
             fault.inject(self.pod)
-            if fault.then is not None:
-                fault.then(self.pod)
         except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
             journal("error", f"fault injection deferred: {err}")
             return
-        self.injected[fault.kind] = time.time()
-        journal("injected", f"{fault.label} at step ~{step}", kind=fault.kind, step=step)
+        self.injected[fault.incident] = time.time()
+        journal("injected", f"{fault.label} at step ~{step}", kind=fault.incident, step=step,
+                fault=fault.kind)  # fmt: skip
 
 
 def fresh(probe: Probe) -> bool:

@@ -1,0 +1,56 @@
+"""The local pod's faults: one vocabulary for the demo, the benchmarks and the tests. A kind says
+what it does to the pod (`act(pod, notice seconds, worker)`), how to say it, and which incident
+kind the watcher reports for it (what a fault plan waits to see recovered)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    what: str  # formatted with notice= and worker=
+    incident: str  # ops.recovery's incident kind for it
+    act: Callable[[Any, float, int], object]  # (LocalPod, notice seconds, worker index)
+
+
+def _preempt(pod, notice: float, worker: int) -> object:
+    return pod.preempt(notice=notice, wait=False)
+
+
+KINDS: dict[str, FaultKind] = {
+    "notice": FaultKind("preemption with {notice:g} s notice (SIGTERM, the job saves, then the "
+                        "slice goes)", "preemption", _preempt),
+    "kill": FaultKind("preemption without notice (SIGTERM and SIGKILL at once)", "preemption",
+                      _preempt),
+    "crash": FaultKind("crash (SIGKILL) of worker {worker}'s job (the slice stays)", "crash",
+                       lambda pod, notice, worker: pod.crash(worker)),
+    "hang": FaultKind("hang (SIGSTOP) of worker {worker}'s job (the slice stays; its heartbeat "
+                      "goes stale)", "hang", lambda pod, notice, worker: pod.hang(worker)),
+    "save-kill": FaultKind("preemption without notice while a worker's job is saving",
+                           "preemption", _preempt),
+    "stockout": FaultKind("preemption ({notice:g} s notice), and the first re-create meets a "
+                          "stockout", "preemption",
+                          lambda pod, notice, worker: (pod.inject_stockout(1),
+                                                       _preempt(pod, notice, worker))),
+    "watch-kill": FaultKind("preemption without notice, and the watch dies mid-recovery (a new "
+                            "one goes on from incident.json)", "preemption", _preempt),
+}  # fmt: skip
+ONLY_WHILE_SAVING = {"save-kill"}  # injected only while some worker's job is saving
+KILLS_WATCH = {"watch-kill"}  # the watch dies mid-recovery (bench.faults.WatchKilled)
+
+
+def kind_of(name: str) -> FaultKind:
+    if name not in KINDS:
+        raise ValueError(f"unknown fault {name!r}; known: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def describe(name: str, notice: float = 0.0, worker: int = 0) -> str:
+    return kind_of(name).what.format(notice=notice, worker=worker)
+
+
+def inject(pod, name: str, notice: float = 0.0, worker: int = 0) -> object:
+    return kind_of(name).act(pod, notice, worker)
