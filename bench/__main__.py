@@ -1,4 +1,5 @@
-"""`uv run python -m bench [all|trainer|checkpoint|overhead|verify|recovery|job|goodput|faults|cost|infra]`
+"""`uv run python -m bench [NAME [flags]]`: NAME is all (the default) or one of trainer, gpu,
+checkpoint, overhead, verify, infra, recovery, job, goodput, cost, faults; `NAME --help` lists its flags.
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
 of its own benchmark and keeps the others'), keeps raw results in bench/out/ and draws the goodput
@@ -19,9 +20,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench import report
+from bench import flags, report
 from bench.report import Figure
-from bench.runners import GOODPUT_SETS, OUT, PNG, REPO, RUNNERS, save
+from bench.runners import OUT, PNG, REPO, RUNNERS, save
 
 ORDER = list(report.BENCH_ORDER)  # the order rows appear in BENCHMARKS.md
 NAMED_ONLY = {"faults"}  # hours long: run when named, never by `all`
@@ -31,65 +32,37 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.1f}"
 
 
-def parser() -> argparse.ArgumentParser:
+DESCRIPTION = {
+    "trainer": "the trainer's step time and MFU on this machine's CPU",
+    "gpu": "`1b` on one GPU: MFU against the datasheet peak",
+    "checkpoint": "what checkpoints cost: saves' overhead, restore and save-on-notice seconds",
+    "overhead": "the pod's training loop without and with saves every 100 steps",
+    "verify": "what checkpoint verification adds to restore time (tiny, small)",
+    "infra": "the Pulumi program's resources and policy findings, per stack",
+    "recovery": "seconds from each fault to training again, and steps lost, on the local pod",
+    "job": "a user's job under tpupod: overhead against running it directly, and its recovery",
+    "goodput": "a long pod run with faults every --period seconds: goodput and badput",
+    "cost": "dollars per useful training hour, spot against on-demand",
+    "faults": "the fault campaign: a seeded mix of every fault kind, 0 committed checkpoints lost",
+}
+
+
+def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """`python -m bench [--smoke] [NAME [NAME's flags]]`; `NAME --help` shows NAME's flags."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[1])
-    p.add_argument("which", nargs="*", help=f"all (default) or any of {', '.join(ORDER)}")
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument(
+        "--out", type=Path, help="markdown file [BENCHMARKS.md; smoke: bench/out/smoke]"
+    )
     p.add_argument("--smoke", action="store_true", help="synthetic run, seconds, no pod (CI)")
-    p.add_argument("--out", type=Path, help="markdown file [BENCHMARKS.md; smoke: bench/out/smoke]")
-    p.add_argument("--period", type=float, default=300.0, help="goodput: seconds between faults")
-    p.add_argument("--steps", type=int, default=6000, help="goodput: steps of the job")
-    p.add_argument(
-        "--record",
-        type=Path,
-        help="recovery/goodput/checkpoint/overhead: analyse this saved run (bench/out/*-run.json; "
-        "checkpoint: bench/out/checkpoint.json; overhead: bench/out/overhead.json), run nothing",
-    )
-    p.add_argument(
-        "--faults", default="notice,kill,crash,hang", help="goodput: fault kinds, in turn"
-    )
-    p.add_argument("--preset", default="tiny", help="recovery/goodput: the pod job's preset")
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="recovery/goodput: trainer --set for the pod job; gpu: for `1b` (repeatable) "
-        f"[{' '.join(GOODPUT_SETS)}]",
-    )
-    p.add_argument("--min-steps", type=int, default=30, help="recovery: steps between faults")
-    p.add_argument("--rounds", type=int, default=3, help="recovery: events of each kind (>= 3)")
-    p.add_argument("--notice", type=float, default=30.0, help="preemption notice, seconds")
-    p.add_argument("--trainer-config", default="small", help="trainer/checkpoint: preset")
-    p.add_argument("--trainer-steps", type=int, default=15)
-    p.add_argument("--checkpoint-steps", type=int, default=30)
-    p.add_argument(
-        "--checkpoint-repeats",
-        type=int,
-        default=3,
-        help="checkpoint: interleaved runs of each variant (none, async, sync)",
-    )
-    p.add_argument(
-        "--checkpoint-pod",
-        action="store_true",
-        help="checkpoint: overhead on the 2-worker local pod (none, async), not in one process",
-    )
-    p.add_argument("--overhead-steps", type=int, default=1500, help="overhead: steps per run")
-    p.add_argument(
-        "--overhead-rounds",
-        type=int,
-        default=5,
-        help="overhead: interleaved rounds on the pod (tiny without and with saves every 100 steps)",
-    )
-    p.add_argument(
-        "--job", type=Path, default=REPO / "examples" / "jobs" / "flax-plain",
-        help="job: the job directory [examples/jobs/flax-plain]",
-    )  # fmt: skip
-    p.add_argument("--job-rounds", type=int, default=5, help="job: overhead rounds (>= 3)")
-    p.add_argument("--count", type=int, default=100, help="faults: how many faults in all")
-    p.add_argument("--seed", type=int, default=0, help="faults: seed of the random mix")
-    p.add_argument("--per-leg", type=int, default=25, help="faults: faults per pod run (leg)")
-    return p
+    p.add_argument("--out", dest="top_out", type=Path, help=argparse.SUPPRESS)  # before NAME
+    sub = p.add_subparsers(dest="bench", metavar="NAME", help=f"all (default), {', '.join(ORDER)}")
+    subs = {"all": sub.add_parser("all", parents=[out], help="every benchmark but faults")}
+    for name in ORDER:
+        subs[name] = sub.add_parser(name, parents=[out], help=DESCRIPTION.get(name, name),
+                                    description=DESCRIPTION.get(name))  # fmt: skip
+        flags.add_flags(subs[name], name)
+    return p, subs
 
 
 def smoke(out: Path, console: Console) -> list[Figure]:
@@ -117,29 +90,23 @@ def _interrupt(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
+    p, subs = parser()
     a = p.parse_args(argv)
-    if unknown := [w for w in a.which if w not in ("all", *ORDER)]:
-        p.error(f"unknown benchmark {unknown[0]!r}; choose from all, {', '.join(ORDER)}")
-    if a.count < 1 or a.per_leg < 1:
-        p.error(f"--count {a.count} / --per-leg {a.per_leg}: both must be at least 1")
-    if a.overhead_steps <= 100 or a.overhead_rounds < 1:
-        p.error(f"--overhead-steps {a.overhead_steps} / --overhead-rounds {a.overhead_rounds}: "
-                "a run needs more steps than one interval (100), and at least 1 round")  # fmt: skip
-    if a.job_rounds < 3:
-        p.error(f"--job-rounds {a.job_rounds}: the overhead goal is a median of at least 3 runs")
-    if a.rounds < 3:
-        p.error(f"--rounds {a.rounds}: the recovery goal is a median of at least 3 events a kind")
+    named = a.bench if a.bench not in (None, "all") else None
+    a.out = getattr(a, "out", None) or a.top_out
+    if named:
+        flags.check(subs[named], a)
     console = Console()
     command = "uv run python -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
-    everything = [w for w in ORDER if w not in NAMED_ONLY or w in a.which]
-    which = everything if not a.which or "all" in a.which else [w for w in ORDER if w in a.which]
+    which = [named] if named else [w for w in ORDER if w not in NAMED_ONLY]
+    # Every benchmark runs with its own flags: the named one's as given, the others' defaults.
+    args = {w: a if w == named else subs[w].parse_args([]) for w in which}
     if a.smoke:
         out = a.out or OUT / "smoke" / "BENCHMARKS.md"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").unlink(missing_ok=True)  # smoke rows never accumulate
         figs = smoke(out, console)
-        if "checkpoint" in a.which:  # named only: it starts an emulator and imports Orbax
+        if named == "checkpoint":  # named only: it starts an emulator and imports Orbax
             from bench import checkpoint_storage
 
             figs += checkpoint_storage.smoke_figures(checkpoint_storage.smoke())
@@ -156,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         replace: str | None = name  # a complete run replaces every row of its benchmark
         try:
-            figures = RUNNERS[name](a, console)
+            figures = RUNNERS[name](args[name], console)
         except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (a timeout): say so, then stop
             why = f"not run: interrupted ({err or 'Ctrl-C'}) after {time.time() - started:.0f} s"
             report.write(report.stamp([Figure(f"{name} benchmark", why)], command, name), out,

@@ -203,6 +203,8 @@ def _stockout(args: argparse.Namespace) -> int:
 def _storage_faults(args: argparse.Namespace) -> int:
     """Show the bucket's fault plan and counts; with --rate, replace the plan first."""
     plan = None
+    if args.rate is not None and not 0 <= args.rate <= 1:
+        raise PodError(f"--rate {args.rate:g}: a fraction of requests, from 0 to 1")
     if args.rate is not None:
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         plan = {"rate": args.rate, "kinds": kinds, "stall_s": args.stall_s, "seed": args.seed}

@@ -30,8 +30,17 @@ class CliError(Exception):
     """Bad input or an impossible request: printed as one line, exit code 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's refusals (unknown command or flag, a bad value) as one line, exit 2, naming
+    the --help that shows the usage instead of printing it. Subcommands' parsers are of this
+    class too (add_subparsers makes them of its parser's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tpupod",
         description="Self-healing spot TPU training: watch a slice, recover it after preemptions, "
         "crashes and hangs through the Cloud TPU API, and resume from the latest checkpoint. "

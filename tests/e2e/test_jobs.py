@@ -45,7 +45,7 @@ def run_with_faults(pod: LocalPod, faults: list[Fault], journal: Path) -> tuple[
     watch = Journal(journal, Console(stderr=True))
     plan = FaultPlan(faults, pod)
     code = Watcher(pod_provider(pod.paths.root), watch, config(pod.job), on_poll=plan).run()
-    assert set(plan.injected) == {f.kind for f in faults}, [e["message"] for e in watch.events]
+    assert set(plan.injected) == {f.incident for f in faults}, [e["message"] for e in watch.events]
     return code, watch.events
 
 
