@@ -12,6 +12,7 @@ from infra.code_bundle import CodeBundle, CodeBundleArgs
 from infra.config import load
 from infra.identity import WorkerIdentity, WorkerIdentityArgs
 from infra.network import Network, NetworkArgs
+from infra.services import ProjectServices, ProjectServicesArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
 from infra.watcher import Watcher, WatcherArgs
 
@@ -22,6 +23,11 @@ tpu_name = naming.tpu_name(config)
 bucket_name = naming.bucket_name(config)
 labels = naming.labels(config)
 
+# The APIs first: every other component depends on them (a fresh project has none enabled).
+services = ProjectServices(
+    "apis", ProjectServicesArgs(project=config.project, secrets=bool(job.spec.secrets))
+)
+after_apis = pulumi.ResourceOptions(depends_on=[services])
 network = Network(
     "network",
     NetworkArgs(
@@ -33,6 +39,7 @@ network = Network(
         existing_network=config.existing_network,
         existing_subnet=config.existing_subnet,
     ),
+    opts=after_apis,
 )
 bucket = CheckpointBucket(
     "checkpoints",
@@ -44,6 +51,7 @@ bucket = CheckpointBucket(
         existing=config.existing_bucket is not None,
         soft_delete_days=config.soft_delete_days,
     ),
+    opts=after_apis,
 )
 identity = WorkerIdentity(
     "workers",
@@ -55,6 +63,7 @@ identity = WorkerIdentity(
         read_data=config.data_in_stack_bucket,
         secrets=tuple(sorted(set(job.spec.secrets.values()))),
     ),
+    opts=after_apis,
 )
 code = CodeBundle("code", CodeBundleArgs(bucket=bucket.name, job=job))
 worker_metadata = metadata.worker_metadata(
@@ -85,7 +94,7 @@ tpu = TpuSlice(
         enable_external_ips=config.enable_external_ips,
     ),
     # Workers boot straight into the startup script: NAT, IAM grants and the bundle come first.
-    opts=pulumi.ResourceOptions(depends_on=[network, identity, code]),
+    opts=pulumi.ResourceOptions(depends_on=[services, network, identity, code]),
 )
 
 # Recovery off the laptop: a VM in the stack that runs `tpupod watch` (tpupod:watcher: false opts out).
@@ -107,7 +116,7 @@ if config.watcher:
             node_spec=tpu.spec,
             labels=labels,
         ),
-        opts=pulumi.ResourceOptions(depends_on=[network, code]),
+        opts=pulumi.ResourceOptions(depends_on=[services, network, code]),
     )
     pulumi.export("watcher_instance", watcher.instance_name)
     pulumi.export("watcher_service_account_email", watcher.email)
@@ -128,8 +137,11 @@ pulumi.export("run_id", config.run_id)
 pulumi.export("run_dir", worker_metadata[metadata.RUN_DIR])
 pulumi.export("bundle_uri", code.uri)
 pulumi.export("service_account_email", identity.email)
+# IAP tunnelling in `tpu-vm ssh` is gcloud's alpha track only (GA refuses --tunnel-through-iap,
+# gcloud 528), and `--worker=all` needs a --command: a shell on worker 0, and one command on all.
+_ssh = (f"gcloud alpha compute tpus tpu-vm ssh {tpu_name} --zone {config.resolved_zone} "
+        f"--project {config.project} --tunnel-through-iap")  # fmt: skip
+pulumi.export("ssh_command", f"{_ssh} --worker=0")
 pulumi.export(
-    "ssh_command",
-    f"gcloud compute tpus tpu-vm ssh {tpu_name} --zone {config.resolved_zone} "
-    f"--project {config.project} --tunnel-through-iap --worker=all",
+    "ssh_all_command", f"{_ssh} --worker=all --command 'tail -n 5 /var/lib/tpupod/job.log'"
 )

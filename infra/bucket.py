@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.component import child_options
 from infra.security import SOFT_DELETE_DAYS_DEFAULT, UNPROTECTED_LABEL
 
 TEMP_OBJECT_SUFFIXES = [".tmp"]  # trainer.storage writes `<name>.<pid>.tmp` then renames
@@ -59,7 +60,7 @@ class CheckpointBucket(pulumi.ComponentResource):
                 soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(
                     retention_duration_seconds=args.soft_delete_days * SECONDS_PER_DAY
                 ),
-                opts=pulumi.ResourceOptions(parent=self, protect=args.protect),
+                opts=child_options(self, opts, protect=args.protect),
             )
             self.name = bucket.name
         self.url = self.name.apply(lambda n: f"gs://{n}")

@@ -14,6 +14,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.bundle_archive import PROJECT_ROOT, Bundle, build_bundle
+from infra.component import child_options
 from infra.job import Job
 
 # Where the archive waits for the engine to upload it (the Pulumi engine reads a FileAsset later).
@@ -43,7 +44,7 @@ class CodeBundle(pulumi.ComponentResource):
             source=pulumi.FileAsset(str(_cached_file(self.bundle))),
             content_type="application/gzip",
             metadata={"tpupod-bundle-sha256": self.bundle.sha256},
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=child_options(self, opts),
         )
         self.uri = pulumi.Output.concat("gs://", obj.bucket, "/", obj.name)
         self.register_outputs({"uri": self.uri, "sha256": self.bundle.sha256})

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.component import child_options
+
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 READ_WRITE = "roles/storage.objectUser"  # get, list, create, overwrite, delete objects
 READ_ONLY = "roles/storage.objectViewer"  # get, list objects
@@ -79,7 +81,7 @@ class WorkerIdentity(pulumi.ComponentResource):
         self, name: str, args: WorkerIdentityArgs, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("tpupod:infra:WorkerIdentity", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = child_options(self, opts)
         account = gcp.serviceaccount.Account(
             f"{name}-sa",
             account_id=args.account_id,

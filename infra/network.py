@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.component import child_options
 from infra.security import IAP_RANGE, LISTED_SSH_MARKER
 
 # VPC flow logs on the workers' subnet: half of the flows sampled (the API default), summarized per
@@ -42,7 +43,7 @@ class Network(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpupod:infra:Network", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = child_options(self, opts)
 
         if args.existing_network and args.existing_subnet:
             self.network = pulumi.Output.from_input(args.existing_network)

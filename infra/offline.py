@@ -41,6 +41,7 @@ class Registered:
     protect: bool
     delete_before_replace: bool
     create_timeout: str
+    dependencies: tuple[str, ...] = ()  # URNs it waits for (depends_on, expanded)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class RecordingMonitor(mocks.MockMonitor):
                 protect=request.protect,
                 delete_before_replace=request.deleteBeforeReplace,
                 create_timeout=request.customTimeouts.create,
+                dependencies=tuple(request.dependencies),
             )
             with self._lock:
                 self.registered.append(record)

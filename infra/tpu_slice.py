@@ -15,6 +15,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.component import child_options
 from infra.metadata import METADATA_LIMIT_BYTES
 from infra.node_spec import NodeDeclaration, declare, node_spec, resource_path
 
@@ -88,8 +89,9 @@ class TpuSlice(pulumi.ComponentResource):
             labels=node.labels,
             tags=list(node.tags),
             metadata=node.metadata,
-            opts=pulumi.ResourceOptions(
-                parent=self,
+            opts=child_options(
+                self,
+                opts,
                 delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
             ),

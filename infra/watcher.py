@@ -26,6 +26,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from infra.component import child_options
 from infra.identity import READ_ONLY, READ_WRITE, prefix_condition
 from infra.metadata import METADATA_LIMIT_BYTES
 from infra.security import OS_LOGIN_METADATA
@@ -104,7 +105,7 @@ class Watcher(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: WatcherArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpupod:infra:Watcher", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = child_options(self, opts)
         account = gcp.serviceaccount.Account(
             f"{name}-sa",
             account_id=args.account_id,
@@ -128,7 +129,7 @@ class Watcher(pulumi.ComponentResource):
             project=args.project,
             role=f"projects/{args.project}/roles/{role_id(args.stack)}",  # known at preview
             member=member,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+            opts=child_options(self, opts, depends_on=[role]),
         )
         for project_role in PROJECT_ROLES:
             gcp.projects.IAMMember(

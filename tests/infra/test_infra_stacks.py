@@ -165,8 +165,11 @@ def test_outputs(evaluations, stack):
     assert values["tpu_urn"].endswith("gcp:tpu/v2Vm:V2Vm::slice-node")
     assert values["run_dir"] == f"{values['bucket_url']}/runs/{stack}/{values['run_id']}"
     assert values["bundle_uri"].startswith(f"{values['bucket_url']}/bundles/")
-    assert values["ssh_command"].startswith(f"gcloud compute tpus tpu-vm ssh {values['tpu_name']} ")
-    assert "--tunnel-through-iap --worker=all" in values["ssh_command"]
+    # gcloud's GA track refuses --tunnel-through-iap for tpu-vm ssh; --worker=all needs --command
+    ssh = f"gcloud alpha compute tpus tpu-vm ssh {values['tpu_name']} "
+    assert values["ssh_command"].startswith(ssh) and values["ssh_all_command"].startswith(ssh)
+    assert values["ssh_command"].endswith("--tunnel-through-iap --worker=0")
+    assert "--tunnel-through-iap --worker=all --command " in values["ssh_all_command"]
     for key in ("zone", "project", "accelerator_type", "service_account_email", "tpu_name"):
         assert values[key]
 
@@ -263,3 +266,29 @@ def test_bucket_protection_opt_out():
     bucket = offline.evaluate("v4-8", config).one("gcp:storage/bucket:Bucket")
     assert bucket.protect is False and bucket.inputs["forceDestroy"] is False
     assert policies.violations(bucket.type, bucket.inputs, bucket.protect) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_apis_are_enabled_first_and_kept_on_destroy(evaluations, stack):
+    """A fresh project has no API on: the stack enables what it uses (never disabling it on
+    destroy: other stacks share the project), creates the TPU service agent, and declares
+    everything else only once they exist (each resource waits on them: infra/component.py)."""
+    from infra.services import REQUIRED
+
+    resources = evaluations[stack].resources
+    services = [r for r in resources if r.type == "gcp:projects/service:Service"]
+    assert {r.inputs["service"] for r in services} >= set(REQUIRED)
+    assert all(r.inputs["disableOnDestroy"] is False for r in services)
+    agent = evaluations[stack].one("gcp:projects/serviceIdentity:ServiceIdentity")
+    assert agent.inputs["service"] == "tpu.googleapis.com"
+    apis = {r.urn for r in services}
+    for type_ in (
+        TPU,
+        FIREWALL,
+        "gcp:storage/bucket:Bucket",
+        "gcp:compute/network:Network",
+        "gcp:serviceaccount/account:Account",
+        "gcp:compute/instance:Instance",
+    ):
+        for r in evaluations[stack].of_type(type_):
+            assert apis <= set(r.dependencies), f"{r.name} does not wait for the APIs"

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from trainer_testlib import run_ok, summary
 
 from trainer.config import load_config
@@ -33,6 +34,7 @@ def test_compression_is_config_and_off_by_default():
     assert load_config("tiny", ["checkpoint_compression=true"]).checkpoint_compression is True
 
 
+@pytest.mark.slow  # a rarely changed config; CI stays under 20 minutes: `pytest -m slow`
 def test_steps_restore_whatever_their_compression(spawn, tmp_path):
     ref = tmp_path / "ref"
     run_ok(spawn, [*BASE, *ON, "--workdir", ref], tmp_path, "ref")

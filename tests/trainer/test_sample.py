@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from trainer_testlib import REPO, run_ok, trainer_env
 
 
@@ -16,6 +17,7 @@ def sample(*args) -> subprocess.CompletedProcess:
                           timeout=180)  # fmt: skip
 
 
+@pytest.mark.slow  # sampling is not on the recovery path; CI stays under 20 minutes: `pytest -m slow`
 def test_sample_from_a_byte_level_run(spawn, tmp_path):
     wd = tmp_path / "run"
     run_ok(spawn, ["--config", "tiny", "--steps", 6, "--workdir", wd], tmp_path, "train")
