@@ -195,6 +195,9 @@ def _secret(args: argparse.Namespace) -> int:
 def _stockout(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise PodError("--count must be >= 1")
+    if args.quota:
+        return _call(args, lambda pod: f"next {pod.inject_quota(args.count)} create(s) will be "
+                     "refused for quota (HTTP 429)")  # fmt: skip
     return _call(
         args, lambda pod: f"next {pod.inject_stockout(args.count)} create(s) will be stocked out"
     )
@@ -280,6 +283,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stockout", parents=[pod_dir], help="fail the next create(s) with RESOURCE_EXHAUSTED"
     )
     stockout.add_argument("--count", type=int, default=1, help="creates to fail")
+    stockout.add_argument(
+        "--quota", action="store_true",
+        help="refuse at once with HTTP 429 naming a quota, as a spent quota does",
+    )  # fmt: skip
     stockout.set_defaults(func=_stockout)
 
     faults = sub.add_parser(

@@ -232,6 +232,9 @@ class _ApiHandler(BaseHTTPRequestHandler):
             "/stockout": lambda: {
                 "pending": ctl.tpu.service.inject_stockout(int(query.get("count", "1")))
             },
+            "/quota": lambda: {
+                "pending": ctl.tpu.service.inject_quota(int(query.get("count", "1")))
+            },
             "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "30"))),
             "/crash": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGKILL)},
             "/hang": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGSTOP)},

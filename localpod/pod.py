@@ -318,6 +318,10 @@ class LocalPod:
         """The next `count` creates fail with RESOURCE_EXHAUSTED; returns how many are pending."""
         return self._request("POST", f"/stockout?count={count}")["pending"]
 
+    def inject_quota(self, count: int = 1) -> int:
+        """The next `count` creates are refused at once for quota (HTTP 429, as Google does)."""
+        return self._request("POST", f"/quota?count={count}")["pending"]
+
     def storage_faults(self, plan: dict | None = None) -> dict:
         """The bucket's injected faults (localpod.storage_faults): the report, after replacing
         the plan when one is given."""

@@ -19,12 +19,13 @@ from localpod.environment import accelerator_type
 from localpod.metadata_server import PROJECT_ID, ZONE, Node
 from localpod.slice import Slice
 from localpod.state import PodError, SliceState
-from localpod.tpu_requests import ApiError, check_node_id, node_request
+from localpod.tpu_requests import ApiError, check_node_id, node_request, quota_exceeded
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 NODE_PORT = 8470  # networkEndpoints[].port on Cloud TPU
+QUOTA_LIMIT = "TPUPreemptiblePodPerProjectPerZone"  # the local pod's stand-in quota name
 STOCKOUT_DELAY_S = 0.2  # a stockout is reported by the operation, a moment after the call
 STOCKOUT = (
     'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU '
@@ -69,6 +70,7 @@ class TpuService:
         self._node: dict | None = None  # {"id", "name", "createTime", "request"}
         self._operations: dict[str, dict] = {}
         self._stockouts = 0
+        self._quota_refusals = 0
 
     # -- names -------------------------------------------------------------------------------
     def _location(self, project: str, zone: str, listing: bool = False) -> str:
@@ -138,6 +140,9 @@ class TpuService:
             current = self._live()
             if current is not None:
                 raise ApiError("ALREADY_EXISTS", f'Resource "{current["name"]}" already exists.')
+            if self._quota_refusals:  # refused at once, before any operation
+                self._quota_refusals -= 1
+                raise quota_exceeded(QUOTA_LIMIT, ZONE)
             operation = self._new_operation(name, "create")
             if self._stockouts:
                 self._stockouts -= 1
@@ -205,6 +210,12 @@ class TpuService:
         with self._lock:
             self._stockouts += count
             return self._stockouts
+
+    def inject_quota(self, count: int = 1) -> int:
+        """The next `count` creates are refused at once for quota (HTTP 429)."""
+        with self._lock:
+            self._quota_refusals += count
+            return self._quota_refusals
 
     # -- operations --------------------------------------------------------------------------
     def _new_operation(self, target: str, verb: str) -> dict:

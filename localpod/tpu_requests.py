@@ -17,6 +17,7 @@ HTTP_STATUS = {
     "PERMISSION_DENIED": 403,
     "NOT_FOUND": 404,
     "ALREADY_EXISTS": 409,
+    "RESOURCE_EXHAUSTED": 429,
 }
 # Node fields a request may set; the output-only ones are ignored, as Google does.
 INPUT_FIELDS = frozenset((
@@ -41,13 +42,26 @@ NODE_ID = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class ApiError(Exception):
-    def __init__(self, status: str, message: str) -> None:
+    def __init__(self, status: str, message: str, details: list | None = None) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.details = status, message, details or []
 
     def body(self) -> dict:
         code = HTTP_STATUS[self.status]
-        return {"error": {"code": code, "message": self.message, "status": self.status}}
+        error = {"code": code, "message": self.message, "status": self.status}
+        return {"error": {**error, "details": self.details} if self.details else error}
+
+
+def quota_exceeded(limit: str, zone: str) -> ApiError:
+    """A create refused for quota, as Google's front end answers it: HTTP 429, status
+    RESOURCE_EXHAUSTED, the quota named in the message and in an ErrorInfo's metadata."""
+    return ApiError(
+        "RESOURCE_EXHAUSTED",
+        f"Quota limit '{limit}' has been exceeded. Limit: 0 in zone {zone}.",
+        [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
+          "domain": "googleapis.com",
+          "metadata": {"quota_limit": limit, "service": "tpu.googleapis.com"}}],
+    )  # fmt: skip
 
 
 def _camel(name: str) -> str:

@@ -53,6 +53,33 @@ class Stockout(ProviderError):
     """The zone has no capacity for the node now: retry later, it is nobody's failure."""
 
 
+class QuotaExceeded(ProviderError):
+    """The project's quota for this TPU is spent: a create is retried with backoff, but only
+    more quota (or another zone) ends it, so the line names the quota."""
+
+
+QUOTA_HINT = "raise it under IAM & Admin > Quotas (filter: TPU) or move the stack to another zone"
+
+
+def refused(err: gexc.TooManyRequests, name: str) -> ProviderError:
+    """A create refused with 429 / RESOURCE_EXHAUSTED. Over REST google-api-core raises
+    TooManyRequests (not its subclass ResourceExhausted), for quota and capacity alike: only the
+    body tells them apart (the quota named in the message or an ErrorInfo's metadata)."""
+    limit = ""
+    try:
+        details = err.response.json()["error"].get("details", [])
+        for d in details:
+            meta = d.get("metadata") or {}
+            limit = limit or meta.get("quota_limit") or meta.get("quota_metric") or ""
+    except (AttributeError, KeyError, TypeError, ValueError):
+        pass
+    message = _line(err)
+    if limit or "quota" in message.lower():
+        named = f" ({limit})" if limit else ""
+        return QuotaExceeded(f"quota exceeded for {name}{named}: {message}; {QUOTA_HINT}")
+    return Stockout(f"no capacity for {name}: {message}")
+
+
 def is_stockout(code: int, message: str) -> bool:
     return code == RESOURCE_EXHAUSTED or any(m in message.lower() for m in STOCKOUT_MARKERS)
 
@@ -152,8 +179,8 @@ class TpuProvider:
                 "create", self.client.create_node,
                 parent=spec["parent"], node_id=spec["node_id"], node=node,
             )  # fmt: skip
-        except gexc.ResourceExhausted as err:
-            raise Stockout(f"no capacity for {self.name}: {_line(err)}") from None
+        except gexc.TooManyRequests as err:  # ResourceExhausted over gRPC is one of these
+            raise refused(err, self.name) from None
         except gexc.AlreadyExists:
             return None
         return op.operation.name
@@ -178,7 +205,7 @@ class TpuProvider:
     def _call(self, what: str, method, **kwargs):
         try:
             return method(**kwargs, timeout=CALL_TIMEOUT)
-        except (gexc.NotFound, gexc.ResourceExhausted, gexc.AlreadyExists):
+        except (gexc.NotFound, gexc.TooManyRequests, gexc.AlreadyExists):
             raise
         except gexc.Conflict as err:
             if already_exists(err):  # over REST, ALREADY_EXISTS arrives as a plain 409 Conflict

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # save deferral, measured by the checkpoint bench; CI stays under 20 minutes
 def test_saves_that_cannot_keep_up_are_deferred_not_waited_for(tmp_path: Path):
     steps = 40
     cmd = [sys.executable, "-m", "trainer", "--config", "tiny", "--steps", str(steps),

@@ -169,3 +169,26 @@ def test_a_stockout_on_recreate_is_retried_and_a_restarted_watch_creates_nothing
     # a stockout is neither a preemption nor a failure
     assert (second.preemptions, second.failures, second.incident.stockouts) == (1, 0, 1)
     assert pod_provider(pod.paths.root).describe().state is SliceState.READY
+
+
+def test_a_quota_refusal_is_named_and_backed_off_not_taken_for_a_stockout(
+    pod: LocalPod, tmp_path: Path
+) -> None:
+    """A create refused with HTTP 429 whose body names a quota (as Google's front end answers
+    it; google-api-core raises TooManyRequests for it, not ResourceExhausted) is neither a
+    crash of the watch nor a stockout: one line names the quota and how to get more, and the
+    create is tried again after a backoff."""
+    from localpod.tpu_nodes import QUOTA_LIMIT
+
+    provider = pod_provider(pod.paths.root)
+    journal = Journal(tmp_path / "journal.jsonl")
+    watcher = Watcher(provider, journal, CONFIG, store=IncidentStore(tmp_path / "incident.json"))
+    pod.inject_quota(1)
+    pod.preempt(notice=0)
+    drive(watcher, phase_is(Phase.AWAITING_RESUME))
+    watcher.close()
+    errors = [e["message"] for e in journal.events if e["event"] == "error"]
+    assert len(errors) == 1 and QUOTA_LIMIT in errors[0] and "IAM & Admin > Quotas" in errors[0]
+    names = [e["event"] for e in journal.events]
+    assert "stockout" not in names and names.count("recreated") == 1, names
+    assert watcher.incident.stockouts == 0

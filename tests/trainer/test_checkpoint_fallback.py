@@ -6,6 +6,7 @@ line, every object left as it was."""
 from __future__ import annotations
 
 import gcsfs
+import pytest
 from trainer_testlib import free_port, multi_args, run_ok, summary
 
 from trainer.status import read_status
@@ -41,6 +42,7 @@ def _fallback_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # the old plain format and fallback on gs://; test_checkpoint_verify covers fallback in CI; CI stays under 20 minutes
 def test_ocdbt_files_old_format_and_fallback_past_unreadable_steps(spawn, tmp_path, gcs_emulator):
     fs = gcsfs.GCSFileSystem()
     base = ["--config", "tiny", "--steps", 12, "--workdir", WD, *SETS]

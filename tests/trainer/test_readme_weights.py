@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from trainer_testlib import REPO, run_ok, summary
 
 # Appended after the README's code: the trainer's fingerprint (sha256 over every leaf in tree
@@ -28,6 +29,7 @@ def readme_section(title: str) -> str:
     return text[start : end if end > 0 else len(text)]
 
 
+@pytest.mark.slow  # the README snippet, unchanged by recovery work; CI stays under 20 minutes
 def test_readme_restores_params_with_plain_orbax(spawn, tmp_path, gcs_emulator):
     section = readme_section("Your weights without tpupod")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

@@ -17,7 +17,7 @@ from trainer_testlib import free_port, gcs_env, run_ok, summary
 from localpod import storage_faults
 from trainer import storage
 
-STEPS = 300  # tiny steps take ~30 ms: the run must outlast the first save under faults
+STEPS = 200  # tiny steps take ~30 ms: the run must outlast the first save under faults
 EVERY = 4
 FIVE_PERCENT = {"rate": 0.05, "kinds": ["429", "503", "drop"], "seed": 7}
 
