@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from trainer_testlib import REPO, run_ok, summary, trainer_env
 
 from trainer.status import read_status
@@ -25,6 +26,7 @@ def _temporary(ckpt: Path) -> list[str]:
     return [p.name for p in ckpt.iterdir() if not p.name.isdigit() and "tmp" in p.name]
 
 
+@pytest.mark.slow  # in CI: SIGKILL + bitwise resume (test_storage_faults), SIGTERM resume (test_data_train)
 def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
     base = ["--config", "tiny", "--steps", STEPS]
     run_ok(spawn, [*base, "--workdir", tmp_path / "ref"], tmp_path, "ref")
@@ -91,6 +93,7 @@ def test_resume_after_sigterm_and_sigkill(spawn, tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == listing
 
 
+@pytest.mark.slow  # retention is unchanged by recovery work; CI stays under 20 minutes
 def test_retention_keeps_the_latest_and_every_mth_step(spawn, tmp_path):
     """Old steps are pruned on a background thread; by the exit only the kept ones are left.
     Synchronous saves keep every save on the 2-step grid (async ones that cannot keep up are
