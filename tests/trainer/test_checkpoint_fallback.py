@@ -93,6 +93,7 @@ def test_ocdbt_files_old_format_and_fallback_past_unreadable_steps(spawn, tmp_pa
     assert _objects(fs) == listing
 
 
+@pytest.mark.slow  # two processes agreeing on a fallback; single-process fallback is in CI
 def test_two_processes_fall_back_together(spawn, tmp_path, gcs_emulator):
     """The pod's shape: two processes on one bucket. Process 1's own data file of the newest step
     is cut short: both restore the step before it, both save the steps after it again (a process
