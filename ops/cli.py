@@ -9,6 +9,7 @@ from the bundle, which does not carry the test bed) simply has no such commands.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 from importlib.metadata import entry_points
@@ -53,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def command_modules() -> list[ModuleType]:
-    """The product's command modules, then every installed plugin's whose package is here."""
+@functools.cache
+def command_modules() -> tuple[ModuleType, ...]:
+    """The product's command modules, then every installed plugin's whose package is here
+    (once per process: the parser and the error types both need them)."""
     modules = [importlib.import_module(name) for name in COMMAND_MODULES]
     for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
         try:
@@ -62,7 +65,7 @@ def command_modules() -> list[ModuleType]:
         except ModuleNotFoundError as err:  # declared, but its package is not on this machine
             if not plugin.value.startswith(f"{err.name}.") and plugin.value != err.name:
                 raise
-    return modules
+    return tuple(modules)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
