@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import signal
 
+import pytest
 from trainer_testlib import free_port, multi_args, summary
 
 from trainer.status import read_status
@@ -40,6 +41,9 @@ def _compiled(proc) -> dict:
     return [e for e in proc.lines() if e.get("event") == "compiled"][-1]
 
 
+# slow (eight trainer starts, ~2 minutes): CI runs two processes per run on the local pod, where
+# every e2e job resumes bitwise; CI stays under 20 minutes on 2 cores.
+@pytest.mark.slow
 def test_two_processes_match_one_resume_exactly_and_share_the_compile_cache(spawn, tmp_path):
     # One process x 4 devices and the first 2-process start run side by side: independent
     # runs (own workdirs and caches), and a 2-core machine idles in each one's start-up.
