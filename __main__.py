@@ -14,7 +14,7 @@ from infra.identity import WorkerIdentity, WorkerIdentityArgs
 from infra.network import Network, NetworkArgs
 from infra.services import ProjectServices, ProjectServicesArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
-from infra.watcher import Watcher, WatcherArgs
+from infra.watcher import WatcherVm, WatcherVmArgs
 
 config = load()  # RunError on any bad key (a bad job directory too), before any resource exists
 job = config.job_definition()
@@ -99,9 +99,9 @@ tpu = TpuSlice(
 
 # Recovery off the laptop: a VM in the stack that runs `tpupod watch` (tpupod:watcher: false opts out).
 if config.watcher:
-    watcher = Watcher(
+    watcher = WatcherVm(
         "watcher",
-        WatcherArgs(
+        WatcherVmArgs(
             name=naming.gce_name("tpupod", config.stack, "watcher"),
             account_id=naming.gce_name("tpupod", config.stack)[:23].rstrip("-") + "-watch",
             project=config.project,

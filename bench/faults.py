@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from localpod import faults
 from localpod.faults import KILLS_WATCH, ONLY_WHILE_SAVING
-from ops.phases import Phase
+from ops.watch.table import Phase
 
 
 class WatchKilled(Exception):

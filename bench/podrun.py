@@ -21,11 +21,10 @@ from rich.console import Console
 
 from bench.faults import Schedule, Stop, WatchKilled
 from bench.sampler import Sampler
-from ops.incident import IncidentStore
 from ops.job_status import JobRules
 from ops.journal import Journal
-from ops.recovery import Limits
-from ops.watch import WatchConfig, Watcher
+from ops.watch import Limits, WatchConfig, Watcher
+from ops.watch.incident import IncidentStore
 
 POLL_S = 0.5  # the watch's poll here, and the references' observation load
 

@@ -55,7 +55,7 @@ SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 
 
 @dataclass(frozen=True)
-class WatcherArgs:
+class WatcherVmArgs:
     name: str  # GCE name of the VM; the account id, tag and role id derive from it
     account_id: str  # 6-30 characters
     project: str
@@ -99,11 +99,14 @@ def watcher_metadata(stack: str, bucket: str, spec: dict[str, Any]) -> dict[str,
     return metadata
 
 
-class Watcher(pulumi.ComponentResource):
+class WatcherVm(pulumi.ComponentResource):
+    """The VM that runs `tpupod watch` for the stack (ops.watch.Watcher is the loop itself). Its
+    type token stays `tpupod:infra:Watcher`: a new token would replace the VM on `pulumi up`."""
+
     email: pulumi.Output[str]
     instance_name: pulumi.Output[str]
 
-    def __init__(self, name: str, args: WatcherArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, args: WatcherVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpupod:infra:Watcher", name, None, opts)
         child = child_options(self, opts)
         account = gcp.serviceaccount.Account(

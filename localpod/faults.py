@@ -12,7 +12,7 @@ from typing import Any
 @dataclass(frozen=True)
 class FaultKind:
     what: str  # formatted with notice= and worker=
-    incident: str  # ops.recovery's incident kind for it
+    incident: str  # ops.watch.conditions.INCIDENT_KINDS for it
     act: Callable[[Any, float, int], object]  # (LocalPod, notice seconds, worker index)
 
 

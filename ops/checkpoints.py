@@ -33,7 +33,7 @@ from ops.target import LOCAL, default_pod_dir
 from trainer import manifest
 
 STEP = re.compile(r"^\d+$")
-ASIDE = re.compile(r"^(\d+)\.unreadable-(.+)$")
+ASIDE = manifest.ASIDE
 ITEMS = ("state", "data", "meta")
 
 

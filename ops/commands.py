@@ -12,24 +12,17 @@ from rich.console import Console
 
 from infra.job import JobSpec
 from ops.cli import CliError
-from ops.job_status import JobRules
 from ops.provider import ProviderError, SliceInfo, SliceState
-from ops.recovery import Limits
 from ops.tables import run_line, slice_table, worker_table
 from ops.target import LOCAL, load_target, state_dir
 from ops.tpu import TpuProvider
 from ops.watch import WatchConfig
+from ops.watch.deadlines import config_for
 from ops.workers import ROOT as REMOTE_ROOT
 from ops.workers import WorkerGroup
 
 # Per-provider defaults: a CPU pod compiles and boots in seconds, a TPU slice in minutes.
 # `stall` is a job's hang_after_s where it sets none, `start` its startup_timeout_s.
-WATCH_DEFAULTS = {
-    LOCAL: dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
-                capacity=2.0),
-    "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
-                grace=60.0, capacity=60.0),
-}  # fmt: skip
 LOG_FILES = {"job": "job.log", "bootstrap": "bootstrap.log"}
 
 
@@ -168,30 +161,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 # -- watch ----------------------------------------------------------------------------------------
 def watch_config(args: argparse.Namespace, job: JobSpec | None = None) -> WatchConfig:
-    """The provider's defaults, what the job's spec sets, and the flags given, in that order."""
-    d = WATCH_DEFAULTS[LOCAL if args.stack == LOCAL else "gcp"]
-    limits = Limits(
-        hang=args.hang_timeout or d["hang"],
-        start=(job and job.startup_timeout_s) or d["start"],
-        stall=args.stall_timeout or (job and job.hang_after_s) or d["stall"],
-        bootstrap=d["bootstrap"],
-        preempt_grace=d["grace"],
-    )
-    given = {"max_restarts": args.max_failures, "backoff_s": args.backoff}
-    spec = {
-        "max_restarts": job.max_restarts if job else 3,
-        "backoff_s": job.backoff_s if job else 2.0,
-    }
-    pick = {k: spec[k] if given[k] is None else given[k] for k in given}
-    return WatchConfig(
-        limits=limits,
-        rules=JobRules.of(job) if job else JobRules(),
-        poll=args.poll,
-        max_failures=pick["max_restarts"],
-        ready_deadline=d["ready"],
-        backoff_base=pick["backoff_s"],
-        capacity_backoff=d["capacity"],
-    )
+    """The profile of where the stack runs, the job's spec, and the flags given, in that order."""
+    profile = LOCAL if args.stack == LOCAL else "gcp"
+    return config_for(profile, job, poll=args.poll, hang=args.hang_timeout,
+                      stall=args.stall_timeout, max_failures=args.max_failures,
+                      backoff=args.backoff)  # fmt: skip
 
 
 def journal_path(args: argparse.Namespace) -> Path:

@@ -129,8 +129,8 @@ def capture_hang(watcher, inc) -> None:
     inc.phases["forensics"] = started
     bucket = watcher.store if hasattr(watcher.store, "put_forensics") else None
     try:
-        workers = watcher._describe()
-        group = watcher._workers(workers.workers if workers else None)
+        workers = watcher.describe()
+        group = watcher.workers(workers.workers if workers else None)
         texts = collect(group, inc.reason)
         number, files, failed = keep(texts, incidents_dir(watcher.journal.path), bucket)
     except Exception as err:  # noqa: BLE001 - evidence is a bonus; the restart must go on

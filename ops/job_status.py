@@ -32,6 +32,7 @@ class JobStatus:
     message: str | None = None
     pid: int | None = None
     attempt: int | None = None
+    fallbacks: tuple[dict, ...] = ()  # committed steps the job could not read and set aside
 
 
 def parse_status(text: str, mtime: float | None = None) -> JobStatus | None:
@@ -59,11 +60,16 @@ def parse_status(text: str, mtime: float | None = None) -> JobStatus | None:
         message=raw.get("message") if isinstance(raw.get("message"), str) else None,
         pid=_integer(raw.get("pid")),
         attempt=_integer(raw.get("attempt")),
+        fallbacks=_records(raw.get("fallbacks")),
     )
 
 
 def _number(value) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _records(value) -> tuple[dict, ...]:
+    return tuple(v for v in value if isinstance(v, dict)) if isinstance(value, list) else ()
 
 
 def _integer(value) -> int | None:

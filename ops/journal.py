@@ -27,6 +27,9 @@ STYLES = {
     "error": "red",
     "stockout": "yellow",
 }
+# Events kept in the journal but not echoed: every recovery-table transition (ops.watch.table)
+# is there for the record; the milestones above say the same to a person.
+QUIET = {"transition"}
 
 
 class Journal:
@@ -62,6 +65,8 @@ class Journal:
 
 def echo(console: Console, record: dict[str, Any], prefix: str = "") -> None:
     """One terminal line for one event (also for events read back from the bucket)."""
+    if record.get("event") in QUIET:
+        return
     stamp = time.strftime("%H:%M:%S", time.localtime(record.get("time", 0)))
     name = str(record.get("event", ""))
     text = f"{prefix}{stamp} {name:<12} {record.get('message', '')}"

@@ -2,7 +2,7 @@
 
 - `journal/<time-µs>-<seq>.json`: one object per event (GCS objects cannot be appended to; names
   sort by time, so a listing is the journal in order and a reader follows it by the last name seen).
-- `incident.json`: the open incident and the budgets (`ops.incident.WatchState`), rewritten at
+- `incident.json`: the open incident and the budgets (`ops.watch.incident.WatchState`), rewritten at
   every change, so a watcher that restarts (systemd, a VM replaced, a laptop taking over)
   continues the incident where the last one stopped instead of creating the node twice.
 - `lease.json`: who acts now (`ops.lease`).
@@ -28,9 +28,9 @@ import warnings
 from dataclasses import asdict
 from typing import Any
 
-from ops.incident import WatchState, state_from_dict
 from ops.provider import ProviderError
 from ops.target import Target
+from ops.watch.incident import WatchState, state_from_dict
 
 warnings.filterwarnings("ignore", message="You are using a Python version", category=FutureWarning)
 

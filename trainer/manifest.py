@@ -19,12 +19,24 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import time
 
 import google_crc32c
 
 from trainer import storage
 
 NAME = "tpupod-manifest.json"
+# A committed step that failed its checks is renamed, never deleted: `<step>.unreadable-<UTC>`.
+ASIDE_SUFFIX = ".unreadable-"
+ASIDE = re.compile(r"^(\d+)" + re.escape(ASIDE_SUFFIX) + r"(.+)$")
+
+
+def aside_name(step_dir: str) -> str:
+    """Where a step directory (a path or URI) goes when it is set aside, stamped now (UTC)."""
+    return f"{step_dir}{ASIDE_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+
+
 FORMAT = "tpupod-manifest-v1"
 
 

@@ -32,7 +32,6 @@ from trainer.config import BadInput
 # What a missing, truncated or undecodable file raises: tensorstore reports as ValueError,
 # missing JSON/grain files as FileNotFoundError (an OSError), broken JSON as ValueError.
 UNREADABLE = (OSError, ValueError, KeyError, EOFError)
-UNREADABLE_SUFFIX = ".unreadable-"
 
 
 class NoReadableStep(BadInput):
@@ -194,7 +193,7 @@ def set_aside(directory: str, step: int) -> str | None:
     if jax.process_index() != 0:
         return None
     src = storage.join(directory, str(step))
-    dst = f"{src}{UNREADABLE_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    dst = manifest.aside_name(src)
     try:
         if storage.is_remote(src):
             _copy_verified_then_delete(src, dst)

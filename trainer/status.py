@@ -44,6 +44,9 @@ class TrainerStatus:
     compile_cache_hit: bool | None = None
     exit_code: int | None = None
     message: str | None = None
+    # Committed steps this start could not read and set aside: {step, restored, moved_to, line}
+    # (the watcher journals them; `message` says the same to a person).
+    fallbacks: list[dict] = field(default_factory=list)
     process_id: int = 0
     pid: int = field(default_factory=os.getpid)
     heartbeat: float = field(default_factory=time.time)

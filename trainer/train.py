@@ -71,7 +71,9 @@ def run(
             print(f"warning: {line}", file=sys.stderr, flush=True)
         log.event("checkpoint_fallback", step=bad.step, restored=restored_from, file=bad.file,
                   reason=bad.reason, moved_to=bad.moved_to)  # fmt: skip
-        hb.update(message=f"checkpoint_fallback: {line}")
+        record = {"step": bad.step, "restored": restored_from, "moved_to": bad.moved_to,
+                  "line": line}  # fmt: skip
+        hb.update(message=f"checkpoint_fallback: {line}", fallbacks=[*hb.status.fallbacks, record])
     checkpoints.committed = restored_from
     if restored_from is not None:
         restore_s = round(time.perf_counter() - t_restore, 3)  # listing, checks, every read

@@ -18,10 +18,10 @@ from ops.journal import echo
 from ops.lease import Lease
 from ops.probe import Probe
 from ops.provider import ProviderError, SliceState
-from ops.recovery import NOTICE_HEALTH
 from ops.remote_state import STORAGE_ERRORS, RemoteState
 from ops.tpu import TpuProvider
 from ops.watch import Watcher
+from ops.watch.conditions import NOTICE_HEALTH
 from ops.workers import WorkerGroup
 
 HANG_S = 10.0  # heartbeat age that is a hang (the local default is 30 s)

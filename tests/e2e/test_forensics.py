@@ -24,9 +24,8 @@ from rich.console import Console
 from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
 from ops.journal import Journal
-from ops.recovery import Limits
 from ops.remote_state import RemoteState
-from ops.watch import WatchConfig, Watcher
+from ops.watch import Limits, WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 REPO = Path(__file__).resolve().parents[2]

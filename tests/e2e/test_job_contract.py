@@ -34,11 +34,10 @@ from localpod.pod import LocalPod
 from ops.cli import main
 from ops.job_status import JobRules
 from ops.journal import Journal
-from ops.recovery import Limits
 from ops.remote_state import RemoteState
 from ops.target import local_target
 from ops.tpu import TpuProvider
-from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
+from ops.watch import EXIT_GAVE_UP, Limits, WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 CONTRACT = Path(__file__).parent / "jobs" / "contract"

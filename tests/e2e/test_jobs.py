@@ -27,8 +27,7 @@ from localpod.pod import LocalPod
 from ops.checkpoint_compare import Comparison
 from ops.job_status import JobRules
 from ops.journal import Journal
-from ops.recovery import Limits
-from ops.watch import WatchConfig, Watcher
+from ops.watch import Limits, WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"

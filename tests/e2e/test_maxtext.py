@@ -26,8 +26,7 @@ from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
 from ops.job_status import JobRules
 from ops.journal import Journal
-from ops.recovery import Limits
-from ops.watch import WatchConfig, Watcher
+from ops.watch import Limits, WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3000)]
 JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "maxtext"

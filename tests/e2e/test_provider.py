@@ -15,12 +15,11 @@ from google.api_core.exceptions import NotFound
 
 from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.incident import IncidentStore
 from ops.journal import Journal
-from ops.phases import Phase
 from ops.provider import SliceState
-from ops.recovery import Limits
-from ops.watch import WatchConfig, Watcher
+from ops.watch import Limits, WatchConfig, Watcher
+from ops.watch.incident import IncidentStore
+from ops.watch.table import Phase
 from ops.workers import WorkerError, WorkerGroup, as_root
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -15,8 +15,7 @@ from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
 from ops.job_status import JobRules
 from ops.journal import Journal
-from ops.recovery import Limits
-from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
+from ops.watch import EXIT_GAVE_UP, Limits, WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ops.cli import build_parser, main
-from ops.job_status import JobStatus
+from ops.job_status import JobStatus, parse_status
 from ops.journal import Journal, read
 from ops.probe import Probe
 from ops.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
@@ -115,22 +115,27 @@ def test_stack_outputs_cached_beside_the_journal_need_no_pulumi(capsys, monkeypa
 
 
 def test_watch_journals_a_checkpoint_fallback_once_per_trainer(tmp_path):
-    """A trainer that restored past an unreadable step says so in status.json's message
-    (trainer/restore.py); watch journals it once per trainer process, not at every poll."""
+    """A trainer that restored past an unreadable step lists it in status.json's `fallbacks`
+    (trainer/train.py); watch journals it once per trainer process, not at every poll, and
+    reads the typed field, not the message a person reads."""
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
                     api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
     journal = Journal(tmp_path / "j.jsonl")
     watcher = Watcher(TpuProvider(target), journal, WatchConfig())
     line = "checkpoint step 12 unreadable (...): restored step 8"
-    status = JobStatus(step=9, pid=41, restored_from=8, message=f"checkpoint_fallback: {line}",
-                       updated=time.time())  # fmt: skip
+    raw = {"step": 9, "pid": 41, "restored_from": 8, "message": "restored past a bad step",
+           "fallbacks": [{"step": 12, "restored": 8, "line": line}], "time": time.time()}  # fmt: skip
+    status = parse_status(json.dumps(raw))
+    worded = JobStatus(step=9, pid=43, message=f"checkpoint_fallback: {line}", updated=time.time())
     plain = JobStatus(step=9, pid=42, updated=time.time())
     for _ in range(3):
-        watcher._track([Probe(0, status=status), Probe(1, status=plain)])
+        watcher.progress.track([Probe(0, status=status), Probe(1, status=plain),
+                                Probe(2, status=worded)])  # fmt: skip
     events = [e for e in journal.events if e["event"] == "checkpoint_fallback"]
-    assert len(events) == 1
+    assert len(events) == 1  # once, and not for a message that merely reads like one
     assert events[0]["worker"] == 0 and events[0]["restored"] == 8 and line in events[0]["message"]
+    assert events[0]["set_aside"] == [12]
 
 
 def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
@@ -145,15 +150,15 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
 
     def commits(step):
         status = JobStatus(step=step + 3, pid=7, last_checkpoint=step, updated=time.time())
-        watcher._track([Probe(0, status=status)])
+        watcher.progress.track([Probe(0, status=status)])
 
     commits(100)
     waits = []
     for _ in range(3):
-        watcher._charge("crash")
+        watcher.charge("crash")
         waits.append(watcher.restart_wait())
         commits(100)  # restored, but nothing newer committed
     assert waits == [0.0, 2.0, 4.0]
     commits(200)
-    watcher._charge("crash")
+    watcher.charge("crash")
     assert watcher.restart_wait() == 0.0 and watcher.failures == 4

@@ -10,11 +10,11 @@ import time
 import pytest
 
 from localpod.storage import running_emulator
-from ops.incident import Incident, WatchState
 from ops.lease import Lease, LeaseLost, Observer, run_leased
-from ops.phases import Phase
 from ops.remote_state import RemoteState
 from ops.target import SshSettings, Target
+from ops.watch.incident import Incident, WatchState
+from ops.watch.table import Phase
 
 BUCKET = "tpupod-lease-test"
 

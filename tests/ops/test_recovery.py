@@ -1,4 +1,4 @@
-"""The recovery state table, row by row: no I/O, no clock."""
+"""The judge (ops.watch.judge, ops.watch.conditions), row by row: no I/O, no clock."""
 
 from __future__ import annotations
 
@@ -7,16 +7,10 @@ import pytest
 from ops.job_status import JobRules, JobStatus
 from ops.probe import Probe
 from ops.provider import SliceState
-from ops.recovery import (
-    SLICE_ACTIONS,
-    Action,
-    Limits,
-    SliceAction,
-    WorkerCondition,
-    backoff,
-    decide,
-    judge_worker,
-)
+from ops.watch.conditions import SLICE_ACTIONS, SliceAction, WorkerCondition, judge_worker
+from ops.watch.deadlines import PROFILES, Limits, backoff, config_for
+from ops.watch.judge import CONDITION_DEADLINES, ON_DEADLINE, decide
+from ops.watch.table import Event
 
 NOW = 10_000.0
 SINCE = 9_000.0
@@ -52,27 +46,27 @@ def test_every_slice_state_has_a_row():
 @pytest.mark.parametrize(
     ("state", "action"),
     [
-        (SliceState.CREATING, Action.WAIT),
-        (SliceState.READY, Action.WAIT),  # healthy workers: keep watching
-        (SliceState.RESTARTING, Action.WAIT),
-        (SliceState.REPAIRING, Action.WAIT),
-        (SliceState.STOPPING, Action.WAIT),
-        (SliceState.STOPPED, Action.RECREATE),
-        (SliceState.STARTING, Action.WAIT),
-        (SliceState.PREEMPTED, Action.RECREATE),
-        (SliceState.TERMINATED, Action.RECREATE),
-        (SliceState.DELETING, Action.WAIT),
-        (SliceState.MISSING, Action.RECREATE),
-        (SliceState.UNKNOWN, Action.WAIT),
+        (SliceState.CREATING, Event.CALM),
+        (SliceState.READY, Event.CALM),  # healthy workers: keep watching
+        (SliceState.RESTARTING, Event.CALM),
+        (SliceState.REPAIRING, Event.CALM),
+        (SliceState.STOPPING, Event.CALM),
+        (SliceState.STOPPED, Event.SLICE_LOST),
+        (SliceState.STARTING, Event.CALM),
+        (SliceState.PREEMPTED, Event.SLICE_LOST),
+        (SliceState.TERMINATED, Event.SLICE_LOST),
+        (SliceState.DELETING, Event.CALM),
+        (SliceState.MISSING, Event.SLICE_LOST),
+        (SliceState.UNKNOWN, Event.CALM),
     ],
 )
 def test_slice_state_to_action(state, action):
-    assert decide(state, [probe(0), probe(1)], SINCE, never, LIMITS).action is action
+    assert decide(state, [probe(0), probe(1)], SINCE, never, LIMITS).event is action
 
 
 @pytest.mark.parametrize("state", [s for s, a in SLICE_ACTIONS.items() if a is SliceAction.WAIT])
 def test_a_transition_stuck_past_its_deadline_is_recreated(state):
-    assert decide(state, [], SINCE, forever, LIMITS).action is Action.RECREATE
+    assert decide(state, [], SINCE, forever, LIMITS).event is Event.SLICE_LOST
 
 
 @pytest.mark.parametrize(
@@ -150,43 +144,43 @@ def test_a_worker_that_reports_nothing_is_watched_by_liveness():
 @pytest.mark.parametrize(
     ("probes", "waited", "action", "condition"),
     [
-        ([probe(0), probe(1)], never, Action.WAIT, WorkerCondition.RUNNING),
-        ([probe(0), probe(1, alive=False)], never, Action.RESTART, WorkerCondition.FAILED),
-        ([probe(0), probe(1, age=99)], never, Action.RESTART, WorkerCondition.HUNG),
+        ([probe(0), probe(1)], never, Event.CALM, WorkerCondition.RUNNING),
+        ([probe(0), probe(1, alive=False)], never, Event.JOB_FAILED, WorkerCondition.FAILED),
+        ([probe(0), probe(1, age=99)], never, Event.JOB_FAILED, WorkerCondition.HUNG),
         # a crash outranks a preemption notice elsewhere
         (
             [probe(0, state="preempted"), probe(1, state="failed")],
             never,
-            Action.RESTART,
+            Event.JOB_FAILED,
             WorkerCondition.FAILED,
         ),
-        ([probe(0, state="preempted"), probe(1)], never, Action.WAIT, None),
-        ([probe(0, state="preempted")], forever, Action.RESUME, None),
-        ([probe(0, state="done"), probe(1)], never, Action.WAIT, None),
+        ([probe(0, state="preempted"), probe(1)], never, Event.NOTICE, None),
+        ([probe(0, state="preempted")], forever, Event.JOB_PREEMPTED, None),
+        ([probe(0, state="done"), probe(1)], never, Event.CALM, None),
         (
             [probe(0, state="done"), probe(1, state="done")],
             never,
-            Action.FINISH,
+            Event.ALL_DONE,
             WorkerCondition.DONE,
         ),
-        ([Probe(0, reachable=False, error="x")], never, Action.WAIT, None),
-        ([Probe(0, reachable=False, error="x")], forever, Action.REBUILD, None),
-        ([Probe(0, bootstrap={"state": "failed"})], never, Action.REBUILD, None),
-        ([Probe(0, bootstrap={"state": "running"})], forever, Action.REBUILD, None),
-        ([Probe(0, bootstrap=OK, now=NOW)], forever, Action.RESTART, None),
+        ([Probe(0, reachable=False, error="x")], never, Event.CALM, None),
+        ([Probe(0, reachable=False, error="x")], forever, Event.UNUSABLE, None),
+        ([Probe(0, bootstrap={"state": "failed"})], never, Event.UNUSABLE, None),
+        ([Probe(0, bootstrap={"state": "running"})], forever, Event.UNUSABLE, None),
+        ([Probe(0, bootstrap=OK, now=NOW)], forever, Event.JOB_FAILED, None),
         (
             [probe(0, exit_code=2, exit_mtime=NOW, alive=False), probe(1, alive=False)],
             never,
-            Action.STOP,
+            Event.FATAL,
             WorkerCondition.FATAL,
         ),
         # only process 0 reports: the other is judged alive by its process
-        ([probe(0), Probe(1, bootstrap=OK, alive=True, now=NOW)], never, Action.WAIT, None),
+        ([probe(0), Probe(1, bootstrap=OK, alive=True, now=NOW)], never, Event.CALM, None),
     ],
 )
 def test_slice_wide_decision(probes, waited, action, condition):
     decision = decide(SliceState.READY, probes, SINCE, waited, LIMITS, rules=RULES)
-    assert decision.action is action
+    assert decision.event is action
     if condition is not None:
         assert decision.condition is condition
 
@@ -198,29 +192,33 @@ def done(index: int, step: int) -> Probe:
 def test_done_needs_every_worker_at_the_declared_steps():
     rules = JobRules(steps=20)
     early = decide(SliceState.READY, [done(0, 12), done(1, 12)], SINCE, never, LIMITS, rules=rules)
-    assert (early.action, early.condition) == (Action.RESTART, WorkerCondition.FAILED)
+    assert (early.event, early.condition) == (Event.JOB_FAILED, WorkerCondition.FAILED)
     assert "before its 20 steps" in early.reason
     last = decide(SliceState.READY, [done(0, 20), done(1, 20)], SINCE, never, LIMITS, rules=rules)
-    assert last.action is Action.FINISH
+    assert last.event is Event.ALL_DONE
     # An attempt that restored the last step and exited at once reports no step of its own:
     # the run's newest step decides.
     quiet = [
         probe(i, exit_code=0, exit_mtime=NOW, alive=False, age=NOW - SINCE + 5) for i in (0, 1)
     ]
-    for run_step, action in ((20, Action.FINISH), (12, Action.RESTART), (None, Action.RESTART)):
+    for run_step, action in (
+        (20, Event.ALL_DONE),
+        (12, Event.JOB_FAILED),
+        (None, Event.JOB_FAILED),
+    ):
         got = decide(SliceState.READY, quiet, SINCE, never, LIMITS, rules=rules, run_step=run_step)
-        assert got.action is action, (run_step, got)
+        assert got.event is action, (run_step, got)
     silent = JobRules(steps=20, reports_progress=False)  # no progress: exit 0 everywhere is done
-    assert decide(SliceState.READY, [done(0, 3)], SINCE, never, LIMITS, rules=silent).action is (
-        Action.FINISH
+    assert decide(SliceState.READY, [done(0, 3)], SINCE, never, LIMITS, rules=silent).event is (
+        Event.ALL_DONE
     )
 
 
 def test_maintenance_health_is_a_preemption_notice():
     d = decide(SliceState.READY, [probe()], SINCE, never, LIMITS, "UNHEALTHY_MAINTENANCE")
-    assert (d.action, d.condition) == (Action.WAIT, WorkerCondition.PREEMPTED)
+    assert (d.event, d.condition) == (Event.NOTICE, WorkerCondition.PREEMPTED)
     d = decide(SliceState.READY, [probe()], SINCE, forever, LIMITS, "UNHEALTHY_MAINTENANCE")
-    assert d.action is Action.RESUME
+    assert d.event is Event.JOB_PREEMPTED
 
 
 def test_backoff_grows_and_is_capped():
@@ -234,3 +232,26 @@ def test_a_trainer_without_progress_is_hung_even_with_a_fresh_heartbeat():
     assert judge(compiling) is WorkerCondition.RUNNING
     compiling.progress_age = 301
     assert judge(compiling) is WorkerCondition.HUNG
+
+
+def test_every_waiting_condition_has_one_deadline_and_one_event_after_it():
+    assert set(CONDITION_DEADLINES) == set(ON_DEADLINE)
+    assert all(hasattr(Limits(), name) for name in CONDITION_DEADLINES.values())
+
+
+def test_deadlines_come_from_the_profile_then_the_job_then_the_flags():
+    class Spec:  # the fields of infra.job.JobSpec that watch reads
+        startup_timeout_s, hang_after_s, max_restarts, backoff_s = 120, 45, 5, 7.0
+        steps, progress = 100, "status"
+        exit_codes = type("Codes", (), {"preempted": [75], "fatal": [2]})
+
+    local = config_for("local")
+    assert (local.limits.hang, local.limits.stall, local.ready_deadline) == (
+        PROFILES["local"]["hang"], PROFILES["local"]["stall"], PROFILES["local"]["ready"])  # fmt: skip
+    assert config_for("gcp").limits == Limits()  # the dataclass defaults are GCP's profile
+    job = config_for("gcp", Spec)
+    assert (job.limits.start, job.limits.stall, job.max_failures, job.backoff_base) == (
+        120, 45, 5, 7.0)  # fmt: skip
+    flags = config_for("gcp", Spec, hang=9.0, stall=11.0, max_failures=0, backoff=0.5)
+    assert (flags.limits.hang, flags.limits.stall, flags.max_failures, flags.backoff_base) == (
+        9.0, 11.0, 0, 0.5)  # fmt: skip

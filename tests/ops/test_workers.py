@@ -11,7 +11,8 @@ import pytest
 
 from ops.job_status import JobRules
 from ops.provider import Worker
-from ops.recovery import Limits, WorkerCondition, judge_worker
+from ops.watch import Limits
+from ops.watch.conditions import WorkerCondition, judge_worker
 from ops.workers import WorkerError, WorkerGroup
 from trainer.status import StatusFile, TrainerState
 

@@ -1,19 +1,15 @@
-"""The recovery state table: one observation of a slice -> one action. Pure: no I/O, no clock.
-
-`ops.watch` gathers an `Observation` (provider state + one probe per worker) and asks `decide`;
-every branch of the policy is a row in one of the tables below, so the whole strategy can be read
-(and unit-tested) without running anything.
-"""
+"""What a node state and one worker's probe mean: the conditions `ops.watch.judge` ranks into one
+event per poll. Pure: no I/O, no clock; every branch of the policy is a row in a table below."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
-from ops.job_status import STARTING_STATES, JobRules
+from ops.job_status import JobRules
 from ops.probe import Probe
 from ops.provider import SliceState
+from ops.watch.deadlines import Limits
 
 
 class SliceAction(StrEnum):
@@ -67,37 +63,6 @@ class WorkerCondition(StrEnum):
 PRIORITY = list(WorkerCondition)
 
 
-class Action(StrEnum):
-    WAIT = "wait"
-    RECREATE = "recreate"  # slice preempted/terminated/missing: unlimited
-    REBUILD = "rebuild"  # slice READY but unusable (bootstrap failed, unreachable): a failure
-    RESTART = "restart"  # trainer crashed or hung: stop-all, clear-locks, start-all; a failure
-    RESUME = "resume"  # trainer preempted but the slice survived: restart, not a failure
-    FINISH = "finish"  # every worker done
-    STOP = "stop"  # a fatal exit: recovery stops, one line says why
-
-
-# Slice-wide worker condition -> action. `deadline` conditions wait until their deadline, then act.
-CONDITION_ACTIONS: dict[WorkerCondition, Action] = {
-    WorkerCondition.FATAL: Action.STOP,
-    WorkerCondition.BOOTSTRAP_FAILED: Action.REBUILD,
-    WorkerCondition.FAILED: Action.RESTART,
-    WorkerCondition.HUNG: Action.RESTART,
-    WorkerCondition.PREEMPTED: Action.WAIT,  # the node goes PREEMPTED next; RESUME after grace
-    WorkerCondition.UNREACHABLE: Action.WAIT,  # REBUILD after the ssh deadline
-    WorkerCondition.BOOTSTRAPPING: Action.WAIT,  # REBUILD after the bootstrap deadline
-    WorkerCondition.STARTING: Action.WAIT,  # RESTART after the start deadline
-    WorkerCondition.RUNNING: Action.WAIT,
-    WorkerCondition.DONE: Action.FINISH,
-}
-# What a waiting condition turns into once it outlasts its deadline.
-ON_DEADLINE: dict[WorkerCondition, Action] = {
-    WorkerCondition.PREEMPTED: Action.RESUME,
-    WorkerCondition.UNREACHABLE: Action.REBUILD,
-    WorkerCondition.BOOTSTRAPPING: Action.REBUILD,
-    WorkerCondition.STARTING: Action.RESTART,
-}
-
 # What kind of incident a condition (or a dead slice) is, for the journal and the budgets.
 INCIDENT_KINDS = {
     WorkerCondition.FATAL: "fatal",
@@ -123,32 +88,6 @@ BOOTSTRAP_CONDITIONS: dict[str | None, WorkerCondition] = {
     "running": WorkerCondition.BOOTSTRAPPING,
     "failed": WorkerCondition.BOOTSTRAP_FAILED,
 }
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Seconds. `hang`: the heartbeat age that is a frozen process (for a status file that
-    carries a heartbeat); `start` and `stall`: the job's startup_timeout_s and hang_after_s."""
-
-    hang: float = 60.0
-    start: float = 900.0  # (re)start -> first progress; also the longest init/compile
-    stall: float = 1800.0  # no new step slice-wide after the first (a heartbeat may still beat)
-    bootstrap: float = 1800.0
-    ssh: float = 120.0
-    preempt_grace: float = 60.0  # job preempted but the node stays READY
-    transient: float = 1800.0  # CREATING/REPAIRING/... before we recreate anyway
-
-    def progress_limit(self, state: str) -> float:
-        """How long a state may last without a new step before it counts as a hang."""
-        return self.start if state in STARTING_STATES else self.stall
-
-    def deadline(self, condition: WorkerCondition) -> float:
-        return {
-            WorkerCondition.PREEMPTED: self.preempt_grace,
-            WorkerCondition.UNREACHABLE: self.ssh,
-            WorkerCondition.BOOTSTRAPPING: self.bootstrap,
-            WorkerCondition.STARTING: self.start,
-        }[condition]
 
 
 @dataclass
@@ -226,86 +165,3 @@ def judge_exit(probe: Probe, noticed: bool, rules: JobRules) -> Verdict:
     if code == 0:
         return Verdict(WorkerCondition.DONE, said)
     return Verdict(WorkerCondition.FAILED, said)
-
-
-@dataclass
-class Decision:
-    action: Action
-    reason: str
-    condition: WorkerCondition | None = None
-    verdicts: list[Verdict] = field(default_factory=list)
-    key: str | None = None  # what the caller times for deadlines (a slice state or a condition)
-
-    def __post_init__(self) -> None:
-        if self.key is None and self.condition is not None:
-            self.key = str(self.condition)
-
-
-# How long (seconds) the caller has seen a slice state or worker condition without a change.
-Waited = Callable[[str], float]
-
-
-def decide_workers(
-    probes: list[Probe],
-    since: float,
-    waited: Waited,
-    limits: Limits,
-    rules: JobRules,
-    run_step: int | None = None,
-) -> Decision:
-    """Slice READY: the most urgent worker condition decides; a waiting condition acts once it
-    has lasted longer than its deadline (`waited(key)`, tracked by the caller). `run_step`: the
-    run's newest step the caller has seen (an attempt that restored the last step and exited
-    at once reports none of its own)."""
-    reporting = {p.index for p in probes if p.current(since)}
-    verdicts = [judge_worker(p, since, limits, rules, bool(reporting - {p.index})) for p in probes]
-    if not verdicts:
-        return Decision(Action.WAIT, "no workers listed yet")
-    worst = min(verdicts, key=lambda v: PRIORITY.index(v.condition))
-    if worst.condition is WorkerCondition.DONE:
-        if any(v.condition is not WorkerCondition.DONE for v in verdicts):
-            return Decision(Action.WAIT, "some workers done", worst.condition, verdicts)
-        reached = max((p.current(since).step for p in probes if p.current(since)),
-                      default=run_step)  # fmt: skip
-        if rules.steps and rules.reports_progress and (reached or 0) < rules.steps:
-            reason = f"every worker exited 0 at step {reached}, before its {rules.steps} steps"
-            return Decision(Action.RESTART, reason, WorkerCondition.FAILED, verdicts)
-    action = CONDITION_ACTIONS[worst.condition]
-    if worst.condition in ON_DEADLINE and waited(worst.condition) > limits.deadline(
-        worst.condition
-    ):
-        action = ON_DEADLINE[worst.condition]
-    return Decision(action, worst.reason, worst.condition, verdicts)
-
-
-def decide(
-    state: SliceState,
-    probes: list[Probe],
-    since: float,
-    waited: Waited,
-    limits: Limits,
-    health: str | None = None,
-    rules: JobRules | None = None,
-    run_step: int | None = None,
-) -> Decision:
-    """The whole table: slice state first, its health next, then the workers."""
-    slice_action = SLICE_ACTIONS[state]
-    if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH:
-        # The node is going away: wait for it (the trainer saves), then recreate.
-        cond = WorkerCondition.PREEMPTED
-        decision = Decision(Action.WAIT, f"{NOTICE_HEALTH[health]} ({health})", cond)
-        if waited(cond) > limits.preempt_grace:
-            decision.action = Action.RESUME
-        return decision
-    if slice_action is SliceAction.RECREATE:
-        return Decision(Action.RECREATE, f"slice {state}", key=state)
-    if slice_action is SliceAction.WAIT:
-        if waited(state) > limits.transient:
-            return Decision(Action.RECREATE, f"slice {state} for {waited(state):.0f}s", key=state)
-        return Decision(Action.WAIT, f"slice {state}", key=state)
-    return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step)
-
-
-def backoff(attempt: int, base: float = 2.0, cap: float = 60.0) -> float:
-    """Seconds to wait before recovery attempt `attempt` (1-based): exponential, capped."""
-    return min(cap, base * 2 ** max(0, attempt - 1)) if attempt > 0 else 0.0

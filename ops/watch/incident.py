@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ops.phases import Phase
 from ops.target import write_atomic
+from ops.watch.table import Phase
 
 
 @dataclass

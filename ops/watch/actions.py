@@ -1,0 +1,178 @@
+"""One plain function per `Action` of the recovery table: the short step a transition takes.
+
+Each gets the watcher (its provider, journal, budgets and persisted state), the incident and the
+why; a step whose outcome is known at once (a create refused, a delete not issued) feeds that
+outcome back as the next event through `Watcher.on`, so it too is a row of the table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ops.forensics import capture_hang
+from ops.provider import ProviderError
+from ops.tpu import Stockout
+from ops.watch.api import WatcherApi
+from ops.watch.incident import Incident
+from ops.watch.table import Action, Event
+from ops.workers import WorkerError
+
+
+class GiveUp(Exception):
+    """A budget is spent, or the job exited fatally; the message is the reason."""
+
+
+def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
+    w.close()
+    inc.started = time.time()
+    inc.operation = w.api(w.provider.start_delete)
+    if inc.operation is None and w.provider_errors:
+        w.on(Event.NOT_ISSUED, detail)  # not issued: try again next poll
+
+
+def create(w: WatcherApi, inc: Incident, detail: str) -> None:
+    inc.operation = None
+    try:  # refused at once: the same events as an operation that failed
+        inc.operation = w.provider.start_create(attempt=w.state.attempt + 1)
+    except Stockout as err:
+        return w.on(Event.STOCKOUT, str(err))
+    except ProviderError as err:
+        return w.on(Event.FAILED, f"create failed: {err}")
+    if inc.operation is None:  # the node exists already (created before a restart)
+        return w.on(Event.DONE)
+    return None
+
+
+def stockout(w: WatcherApi, inc: Incident, detail: str) -> None:
+    inc.stockouts += 1
+    if inc.stockouts > w.config.capacity_retries:
+        raise GiveUp(f"no capacity after {inc.stockouts} creates: {detail}")
+    wait = w.config.capacity_wait(inc.stockouts)
+    inc.not_before = time.time() + wait
+    w.journal.event("stockout", f"{detail}; creating again in {wait:.0f}s",
+                    attempt=inc.stockouts, retry_in=wait)  # fmt: skip
+
+
+def retry(w: WatcherApi, inc: Incident, detail: str) -> None:
+    inc.attempts += 1
+    inc.not_before = time.time() + w.config.retry_wait(inc.attempts)
+    w.journal.event("error", f"recreate attempt {inc.attempts} failed: {detail}")
+
+
+def rebuild(w: WatcherApi, inc: Incident, detail: str) -> None:
+    w.charge(detail)
+    retry(w, inc, detail)
+
+
+def recreated(w: WatcherApi, inc: Incident, detail: str) -> None:
+    w.state.attempt += 1  # the new node boots the job as this attempt
+    w.milestone("recreated", inc.started, f"slice {w.provider.name} recreated",
+                attempt=w.state.attempt, cause=inc.kind)  # fmt: skip
+
+
+def ready(w: WatcherApi, inc: Incident, detail: str) -> None:
+    w.milestone("ready", inc.started, "slice READY")
+    w.restarted_now()
+
+
+def bootstrapped(w: WatcherApi, inc: Incident, detail: str) -> None:
+    w.milestone("bootstrapped", inc.started, "bootstrap ok on every worker")
+    inc.attempts = 0
+
+
+def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> None:
+    """stop-all, clear-locks-all, start-all: every worker together, as the next attempt.
+    After a crash or a hang the survivors are stuck in a collective and ignore SIGTERM:
+    they get a short grace of their own, not the job's (a preemption's save time)."""
+    group = w.workers(None)
+    inc.started = started = time.time()
+    attempt = w.state.attempt + 1
+    try:
+        stop = w.config.failure_stop_timeout if failure else None
+        group.jobctl("stop", timeout=None, stop_timeout=stop)
+        group.jobctl("clear-locks")
+        w.restarted_now()
+        group.jobctl("start", attempt=attempt)
+    except WorkerError as err:
+        w.journal.event("error", f"restart failed: {err}")
+        return
+    w.state.attempt = attempt
+    w.milestone("restarted", started, f"job restarted on every worker (attempt {attempt})",
+                attempt=attempt, cause=inc.kind)  # fmt: skip
+
+
+def open_recreate(w: WatcherApi, inc: Incident, detail: str, failure: bool = False) -> None:
+    if failure:
+        w.charge(detail)
+    else:
+        w.state.preemptions += 1
+    inc.not_before = time.time() + w.config.retry_wait(inc.attempts)
+    w.drive(inc)  # issues the delete at once unless backing off
+
+
+def open_rebuild(w: WatcherApi, inc: Incident, detail: str) -> None:
+    open_recreate(w, inc, detail, failure=True)
+
+
+def open_restart(w: WatcherApi, inc: Incident, detail: str) -> None:
+    capture_hang(w, inc)  # a hang's stacks, before the restart destroys them
+    w.charge(detail)
+    inc.not_before = time.time() + w.restart_wait()
+    w.drive(inc)
+
+
+def restart_free(w: WatcherApi, inc: Incident, detail: str) -> None:
+    restart(w, inc, detail, failure=False)
+
+
+def note_notice(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """The incident is open (detected); the node goes PREEMPTED next, or the job restarts after
+    the grace: nothing to do yet."""
+
+
+def close(w: WatcherApi, inc: Incident, detail: str) -> None:
+    w.close_incident()
+
+
+def finish(w: WatcherApi, inc: Incident | None, detail: str) -> int:
+    if w.recovering():
+        w.close_incident()
+    step = max((p.status.step for p in w.probes if p.status), default=w.state.last_step)
+    st = w.state
+    w.journal.event("done", f"every worker done at step {step} ({st.preemptions} preemptions, "
+                    f"{st.failures} failure restarts)", step=step, preemptions=st.preemptions,
+                    failures=st.failures)  # fmt: skip
+    return 0
+
+
+def stop(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A fatal exit: restarting cannot help, and spot hours are not spent on trying."""
+    raise GiveUp(f"the job exited fatally, not restarted: {detail}")
+
+
+def nothing(w: WatcherApi, inc: Incident | None, detail: str) -> None:
+    return None
+
+
+ACTIONS: dict[Action, Callable[..., int | None]] = {
+    Action.NONE: nothing,
+    Action.DELETE: delete,
+    Action.CREATE: create,
+    Action.STOCKOUT: stockout,
+    Action.RETRY: retry,
+    Action.REBUILD: rebuild,
+    Action.RECREATED: recreated,
+    Action.READY: ready,
+    Action.BOOTSTRAPPED: bootstrapped,
+    Action.RESTART: restart,
+    Action.HAND_BACK: nothing,  # the judged phase sees what went wrong next poll
+    Action.OPEN_RECREATE: open_recreate,
+    Action.OPEN_REBUILD: open_rebuild,
+    Action.OPEN_RESTART: open_restart,
+    Action.RESTART_FREE: restart_free,
+    Action.NOTE_NOTICE: note_notice,
+    Action.CLOSE: close,
+    Action.FINISH: finish,
+    Action.STOP: stop,
+}

@@ -1,0 +1,40 @@
+"""What the recovery table's actions and observers may use of the watcher: the seam between
+them and `ops.watch.watcher.Watcher`, which implements it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ops.journal import Journal
+from ops.probe import Probe
+from ops.provider import SliceInfo
+from ops.tpu import TpuProvider
+from ops.watch.deadlines import WatchConfig
+from ops.watch.incident import Incident, WatchState
+from ops.watch.table import Event
+from ops.workers import WorkerGroup
+
+
+class WatcherApi(Protocol):
+    """What an action may use of the watcher (ops.watch.watcher.Watcher)."""
+
+    provider: TpuProvider
+    journal: Journal
+    config: WatchConfig
+    state: WatchState
+    probes: list[Probe]
+    provider_errors: int
+
+    def on(self, event: Event, detail: str = "", kind: str | None = None) -> int | None: ...
+    def drive(self, inc: Incident) -> None: ...
+    def close(self) -> None: ...
+    def api(self, call: Callable[[], Any]) -> Any: ...
+    def charge(self, reason: str) -> None: ...
+    def workers(self, workers) -> WorkerGroup: ...
+    def milestone(self, name: str, started: float, message: str, **fields) -> None: ...
+    def restarted_now(self) -> None: ...
+    def restart_wait(self) -> float: ...
+    def recovering(self) -> bool: ...
+    def describe(self) -> SliceInfo | None: ...
+    def close_incident(self) -> None: ...

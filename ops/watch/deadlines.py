@@ -1,0 +1,106 @@
+"""Every deadline, budget and backoff of `tpupod watch`, defined once: the judge reads `Limits`
+(ops.watch.judge.CONDITION_DEADLINES names which one a waiting condition has), the waiting
+phases read `WatchConfig.phase_deadline`, the CLI's flags fill both."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ops.job_status import STARTING_STATES, JobRules
+from ops.watch.table import Phase
+
+# Seconds, per where the slice runs. GCP: a recreate takes minutes and a TPU program compiles for
+# minutes; the local pod: seconds. The dataclasses below default to GCP's; `config_for` applies
+# a profile, then the job's spec, then the flags given.
+PROFILES: dict[str, dict[str, float]] = {
+    "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
+                grace=60.0, capacity=60.0),
+    "local": dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
+                  capacity=2.0),
+}  # fmt: skip
+GCP = PROFILES["gcp"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Seconds. `hang`: the heartbeat age that is a frozen process (for a status file that
+    carries a heartbeat); `start` and `stall`: the job's startup_timeout_s and hang_after_s."""
+
+    hang: float = GCP["hang"]
+    start: float = GCP["start"]  # (re)start -> first progress; also the longest init/compile
+    stall: float = GCP["stall"]  # no new step slice-wide after the first (a heartbeat may beat)
+    bootstrap: float = GCP["bootstrap"]
+    ssh: float = 120.0
+    preempt_grace: float = GCP["grace"]  # job preempted but the node stays READY
+    transient: float = 1800.0  # CREATING/REPAIRING/... before we recreate anyway
+
+    def progress_limit(self, state: str) -> float:
+        """How long a state may last without a new step before it counts as a hang."""
+        return self.start if state in STARTING_STATES else self.stall
+
+
+@dataclass
+class WatchConfig:
+    limits: Limits = field(default_factory=Limits)
+    rules: JobRules = field(default_factory=JobRules)  # the job's exit codes, steps, progress
+    poll: float = 0.5
+    max_failures: int = 3  # F: failure restarts before watch gives up (the job's max_restarts)
+    ready_deadline: float = GCP["ready"]  # create done -> READY
+    operation_deadline: float = 1800.0  # a delete or create operation
+    backoff_base: float = 2.0
+    backoff_cap: float = 60.0
+    capacity_retries: int = 20  # creates refused for capacity, per incident, before giving up
+    capacity_backoff: float = GCP["capacity"]  # first wait after a stockout, doubling to the cap
+    capacity_backoff_cap: float = 600.0
+    ssh_retries: int = 3
+    # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
+    # ignore SIGTERM (a job's grace_s is for a preemption's save, which these cannot make).
+    failure_stop_timeout: float = 3.0
+
+    def phase_deadline(self, phase: Phase) -> float:
+        """How long a waiting phase may last before its DEADLINE event (backoffs: no deadline)."""
+        return {
+            Phase.AWAITING_DELETE: self.operation_deadline,
+            Phase.AWAITING_CREATE: self.operation_deadline,
+            Phase.AWAITING_READY: self.ready_deadline,
+            Phase.AWAITING_BOOTSTRAP: self.limits.bootstrap,
+        }.get(phase, float("inf"))
+
+    def retry_wait(self, attempt: int) -> float:
+        return backoff(attempt, self.backoff_base, self.backoff_cap)
+
+    def capacity_wait(self, stockouts: int) -> float:
+        return backoff(stockouts, self.capacity_backoff, self.capacity_backoff_cap)
+
+
+def backoff(attempt: int, base: float = 2.0, cap: float = 60.0) -> float:
+    """Seconds to wait before recovery attempt `attempt` (1-based): exponential, capped."""
+    return min(cap, base * 2 ** max(0, attempt - 1)) if attempt > 0 else 0.0
+
+
+def config_for(
+    profile: str, job: Any = None, poll: float = 0.5, **given: float | None
+) -> WatchConfig:
+    """The profile's deadlines, what the job's spec (infra.job.JobSpec) sets, and the flags
+    `given` (hang, stall, max_failures, backoff; None: not given), in that order."""
+    d = PROFILES[profile]
+    limits = Limits(
+        hang=given.get("hang") or d["hang"],
+        start=(job and job.startup_timeout_s) or d["start"],
+        stall=given.get("stall") or (job and job.hang_after_s) or d["stall"],
+        bootstrap=d["bootstrap"],
+        preempt_grace=d["grace"],
+    )
+    max_failures, backoff_s = given.get("max_failures"), given.get("backoff")
+    return WatchConfig(
+        limits=limits,
+        rules=JobRules.of(job) if job else JobRules(),
+        poll=poll,
+        max_failures=int(
+            max_failures if max_failures is not None else (job.max_restarts if job else 3)
+        ),
+        ready_deadline=d["ready"],
+        backoff_base=backoff_s if backoff_s is not None else (job.backoff_s if job else 2.0),
+        capacity_backoff=d["capacity"],
+    )

@@ -1,0 +1,174 @@
+"""What was observed -> one `Event` for the recovery table (ops.watch.table). Pure: no I/O, no
+clock; the caller passes what it saw and how long it has waited.
+
+The judged phases see the node and a probe per worker: `decide` ranks the workers' conditions
+(ops.watch.conditions) and names the event. The waiting phases see one thing each: a clock, an
+operation, the node, the workers' bootstrap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ops.job_status import JobRules
+from ops.probe import Probe
+from ops.provider import SliceState
+from ops.watch.conditions import (
+    NOTICE_HEALTH,
+    PRIORITY,
+    SLICE_ACTIONS,
+    SliceAction,
+    Verdict,
+    WorkerCondition,
+    judge_worker,
+)
+from ops.watch.deadlines import Limits
+from ops.watch.table import Event
+
+# Slice-wide worker condition -> event. A waiting condition (CALM, NOTICE) becomes the event
+# in ON_DEADLINE once it outlasts its deadline (Limits.deadline).
+CONDITION_EVENTS: dict[WorkerCondition, Event] = {
+    WorkerCondition.FATAL: Event.FATAL,
+    WorkerCondition.BOOTSTRAP_FAILED: Event.UNUSABLE,
+    WorkerCondition.FAILED: Event.JOB_FAILED,
+    WorkerCondition.HUNG: Event.JOB_FAILED,
+    WorkerCondition.PREEMPTED: Event.NOTICE,  # the node goes PREEMPTED next; or after grace:
+    WorkerCondition.UNREACHABLE: Event.CALM,  # UNUSABLE after the ssh deadline
+    WorkerCondition.BOOTSTRAPPING: Event.CALM,  # UNUSABLE after the bootstrap deadline
+    WorkerCondition.STARTING: Event.CALM,  # JOB_FAILED after the start deadline
+    WorkerCondition.RUNNING: Event.CALM,
+    WorkerCondition.DONE: Event.ALL_DONE,
+}
+ON_DEADLINE: dict[WorkerCondition, Event] = {
+    WorkerCondition.PREEMPTED: Event.JOB_PREEMPTED,
+    WorkerCondition.UNREACHABLE: Event.UNUSABLE,
+    WorkerCondition.BOOTSTRAPPING: Event.UNUSABLE,
+    WorkerCondition.STARTING: Event.JOB_FAILED,
+}
+# The limit each waiting condition has (Limits' field), before it becomes its ON_DEADLINE event.
+CONDITION_DEADLINES: dict[WorkerCondition, str] = {
+    WorkerCondition.PREEMPTED: "preempt_grace",
+    WorkerCondition.UNREACHABLE: "ssh",
+    WorkerCondition.BOOTSTRAPPING: "bootstrap",
+    WorkerCondition.STARTING: "start",
+}
+GONE_STATES = {SliceState.PREEMPTED, SliceState.TERMINATED, SliceState.MISSING}
+# How long (seconds) the caller has seen a slice state or worker condition without a change.
+Waited = Callable[[str], float]
+
+
+@dataclass
+class Decision:
+    event: Event
+    reason: str
+    condition: WorkerCondition | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
+    key: str | None = None  # what the caller times for deadlines (a slice state or a condition)
+
+    def __post_init__(self) -> None:
+        if self.key is None and self.condition is not None:
+            self.key = str(self.condition)
+
+
+def decide_workers(
+    probes: list[Probe],
+    since: float,
+    waited: Waited,
+    limits: Limits,
+    rules: JobRules,
+    run_step: int | None = None,
+) -> Decision:
+    """Slice READY: the most urgent worker condition decides; a waiting condition acts once it
+    has lasted longer than its deadline (`waited(key)`, tracked by the caller). `run_step`: the
+    run's newest step the caller has seen (an attempt that restored the last step and exited
+    at once reports none of its own)."""
+    reporting = {p.index for p in probes if p.current(since)}
+    verdicts = [judge_worker(p, since, limits, rules, bool(reporting - {p.index})) for p in probes]
+    if not verdicts:
+        return Decision(Event.CALM, "no workers listed yet")
+    worst = min(verdicts, key=lambda v: PRIORITY.index(v.condition))
+    if worst.condition is WorkerCondition.DONE:
+        if any(v.condition is not WorkerCondition.DONE for v in verdicts):
+            return Decision(Event.CALM, "some workers done", worst.condition, verdicts)
+        reached = max((p.current(since).step for p in probes if p.current(since)),
+                      default=run_step)  # fmt: skip
+        if rules.steps and rules.reports_progress and (reached or 0) < rules.steps:
+            reason = f"every worker exited 0 at step {reached}, before its {rules.steps} steps"
+            return Decision(Event.JOB_FAILED, reason, WorkerCondition.FAILED, verdicts)
+    event = CONDITION_EVENTS[worst.condition]
+    limit = CONDITION_DEADLINES.get(worst.condition)
+    if limit and waited(worst.condition) > getattr(limits, limit):
+        event = ON_DEADLINE[worst.condition]
+    return Decision(event, worst.reason, worst.condition, verdicts)
+
+
+def decide(
+    state: SliceState,
+    probes: list[Probe],
+    since: float,
+    waited: Waited,
+    limits: Limits,
+    health: str | None = None,
+    rules: JobRules | None = None,
+    run_step: int | None = None,
+) -> Decision:
+    """A judged phase's event: slice state first, its health next, then the workers."""
+    slice_action = SLICE_ACTIONS[state]
+    if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH:
+        # The node is going away: wait for it (the job saves), then restart if it stays.
+        cond = WorkerCondition.PREEMPTED
+        event = Event.JOB_PREEMPTED if waited(cond) > limits.preempt_grace else Event.NOTICE
+        return Decision(event, f"{NOTICE_HEALTH[health]} ({health})", cond)
+    if slice_action is SliceAction.RECREATE:
+        return Decision(Event.SLICE_LOST, f"slice {state}", key=state)
+    if slice_action is SliceAction.WAIT:
+        if waited(state) > limits.transient:
+            return Decision(Event.SLICE_LOST, f"slice {state} for {waited(state):.0f}s", key=state)
+        return Decision(Event.CALM, f"slice {state}", key=state)
+    return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step)
+
+
+# -- the waiting phases: one observation each -----------------------------------------------------
+def clock_event(now: float, not_before: float) -> Event:
+    return Event.DUE if now >= not_before else Event.WAITING
+
+
+def operation_event(
+    done: bool, error_code: int, stockout: bool, waited: float, deadline: float
+) -> Event:
+    if done:
+        return Event.STOCKOUT if stockout else (Event.FAILED if error_code else Event.DONE)
+    return Event.DEADLINE if waited > deadline else Event.RUNNING
+
+
+def slice_event(state: SliceState, waited: float, deadline: float) -> Event:
+    if state is SliceState.READY:
+        return Event.DONE
+    if state in GONE_STATES:
+        return Event.GONE
+    return Event.DEADLINE if waited > deadline else Event.RUNNING
+
+
+def bootstrap_event(
+    state: SliceState, boot_states: list[str | None], waited: float, deadline: float
+) -> Event:
+    """`boot_states`: each worker's bootstrap.json state (None: unreachable or not written)."""
+    if state is not SliceState.READY:
+        return Event.GONE
+    if "failed" in boot_states:
+        return Event.FAILED
+    if boot_states and all(s == "ok" for s in boot_states):
+        return Event.DONE
+    return Event.DEADLINE if waited > deadline else Event.RUNNING
+
+
+def refine(event: Event, recovering: bool, resumed: bool) -> Event:
+    """The judged event in the light of the open incident: a notice during a recovery belongs to
+    it (no new incident), and a calm slice after a recovery is RESUMED once every worker's job
+    runs and reports a step again."""
+    if recovering and event is Event.NOTICE:
+        return Event.CALM
+    if recovering and event is Event.CALM and resumed:
+        return Event.RESUMED
+    return event

@@ -1,0 +1,66 @@
+"""The waiting phases' observations: each looks at the one thing its phase waits for (a clock,
+an operation, the node, the workers' bootstrap) and names the event (ops.watch.judge); None when
+the TPU API did not answer (the same observation next poll)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ops.provider import SliceState
+from ops.watch import judge
+from ops.watch.api import WatcherApi
+from ops.watch.incident import Incident
+from ops.watch.table import Event, Observes, Phase
+
+Seen = tuple[Event, str] | None
+
+
+def clock(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    return judge.clock_event(time.time(), inc.not_before), ""
+
+
+def operation(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    if inc.operation is None:  # no node to delete, or a create's name never saved
+        return (Event.DONE if inc.phase is Phase.AWAITING_DELETE else Event.LOST), ""
+    status = w.api(lambda: w.provider.operation(inc.operation))
+    if status is None:
+        return None
+    event = judge.operation_event(status.done, status.error_code, status.stockout, waited,
+                                  deadline)  # fmt: skip
+    return event, status.error_message
+
+
+def node(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    info = w.describe()
+    return None if info is None else (
+        judge.slice_event(info.state, waited, deadline), f"node {info.state}")  # fmt: skip
+
+
+def clock_and_node(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    info = w.describe()
+    if info is None:
+        return None
+    ready = info.state is SliceState.READY
+    return (judge.clock_event(time.time(), inc.not_before) if ready else Event.GONE,
+            f"node {info.state}")  # fmt: skip
+
+
+def bootstrap(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    info = w.describe()
+    if info is None:
+        return None
+    boots = []
+    if info.state is SliceState.READY:
+        probes = w.workers(info.workers).probe()
+        boots = [p.bootstrap_state if p.reachable else None for p in probes]
+    return judge.bootstrap_event(info.state, boots, waited, deadline), f"node {info.state}"
+
+
+OBSERVERS: dict[Observes, Callable[[WatcherApi, Incident, float, float], Seen]] = {
+    Observes.CLOCK: clock,
+    Observes.OPERATION: operation,
+    Observes.NODE: node,
+    Observes.CLOCK_AND_NODE: clock_and_node,
+    Observes.BOOTSTRAP: bootstrap,
+}

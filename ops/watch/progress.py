@@ -1,0 +1,98 @@
+"""What the watcher learns from the workers' status between incidents: the slice's progress age
+(the judge's hang rule), the newest step and committed checkpoint (the failure streak), the
+checkpoints a job set aside, and when a recovered job counts as resumed."""
+
+from __future__ import annotations
+
+import time
+
+from ops.job_status import RESUMED_STATES, JobRules
+from ops.journal import Journal
+from ops.probe import Probe
+from ops.watch.incident import Incident, WatchState
+
+
+class Progress:
+    def __init__(self, state: WatchState, journal: Journal, rules: JobRules):
+        self.state, self.journal, self.rules = state, journal, rules
+        self._marks: dict[int, tuple] = {}  # worker -> ((state, step, pid), when it last changed)
+        self._fallbacks_seen: set[tuple[int, int | None]] = set()
+
+    def track(self, probes: list[Probe]) -> None:
+        """Progress is the slice's: the age of the newest change of any worker's (state, step)
+        (often only process 0 reports, and one stalled worker stalls them all)."""
+        st, now = self.state, time.time()
+        ages = []
+        for p in probes:
+            s = p.current(st.since)
+            mark = (s.state, s.step, s.pid) if s else None
+            last = self._marks.get(p.index)
+            if last is None or last[0] != mark:
+                self._marks[p.index] = last = (mark, now)
+            if s is not None:
+                ages.append(now - last[1])
+        for p in probes:
+            p.progress_age = min(ages, default=0.0)
+            if p.attempt is not None:
+                st.attempt = max(st.attempt, p.attempt)
+            if (s := p.current(st.since)) is not None:
+                st.last_step = max(st.last_step, s.step)
+                self.committed(s.last_checkpoint)
+        self._journal_fallbacks(probes)
+        if st.incident is not None and not st.incident.phases:
+            st.incident.step = max(st.incident.step, st.last_step)  # steps until it died
+
+    def committed(self, step: int | None) -> None:
+        """A committed step newer than any seen before is progress: it ends a streak of failure
+        restarts (`committed` only grows, so it is newer than the last failure's too)."""
+        st = self.state
+        if step is not None and (st.committed is None or step > st.committed):
+            st.committed, st.streak = step, 0
+
+    def _journal_fallbacks(self, probes: list[Probe]) -> None:
+        """A job that restored past an unreadable checkpoint lists the steps it set aside in its
+        status (`fallbacks`, trainer/train.py); journaled once per job process."""
+        for p in probes:
+            s = p.status
+            if s is None or not s.fallbacks or (p.index, s.pid) in self._fallbacks_seen:
+                continue
+            self._fallbacks_seen.add((p.index, s.pid))
+            lines = "; ".join(str(f.get("line", f)) for f in s.fallbacks)
+            self.journal.event("checkpoint_fallback", f"worker {p.index}: {lines}",
+                                 worker=p.index, restored=s.restored_from,
+                                 set_aside=[f.get("step") for f in s.fallbacks])  # fmt: skip
+
+    def resumed(self, probes: list[Probe]) -> bool:
+        """Every worker's job runs (or ran to its end) and, for a job that reports progress,
+        the slice reports a step again."""
+        since = self.state.since
+        if not all(p.alive or p.current(since) for p in probes):
+            return False
+        fresh = [p.current(since) for p in probes if p.current(since)]
+        if not self.rules.reports_progress:
+            return True
+        return bool(fresh) and all(s.state in RESUMED_STATES for s in fresh)
+
+    def close_incident(self, inc: Incident, probes: list[Probe]) -> None:
+        """Journal `resumed`: the step it resumed from is what the job reports it restored (the
+        built-in trainer and tpupod_job do), else the first step seen after the restart, less
+        one (a job that prints its steps: an upper bound)."""
+        fresh = [s for p in probes if (s := p.current(self.state.since))]
+        reported = [s.restored_from for s in fresh if s.restored_from is not None]
+        restored = (
+            min(reported) if reported else max(0, min((s.step for s in fresh), default=1) - 1)
+        )
+        inc.phases["resumed"] = now = time.time()
+        lost = max(0, inc.step - restored)
+        self.state.last_step = restored
+        self.journal.event(
+            "resumed",
+            f"resumed at step {restored} after {inc.kind}: {lost} steps lost, "
+            f"{now - inc.detected_at:.1f}s since detection",
+            kind=inc.kind,
+            step=restored,
+            steps_lost=lost,
+            detected_at=inc.detected_at,
+            recovery_s=now - inc.detected_at,
+            phases={k: v - inc.detected_at for k, v in inc.phases.items()},
+        )

@@ -1,0 +1,162 @@
+"""The recovery table: (phase, event) -> (next phase, action). Every transition of `tpupod watch`
+goes through `advance` and nothing else changes a phase; the watcher journals each one.
+
+Pure: no I/O, no clock. `ops.watch.judge` turns what was observed into an `Event`, and
+`ops.watch.actions` holds one plain function per `Action`. `python -m ops.watch` prints the
+table as markdown (docs/recovery-table.md is generated from it; a test keeps it current).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    WATCHING = "watching"  # no recovery step pending: the workers are judged each poll
+    PENDING_RECREATE = "pending-recreate"  # backing off before delete + create
+    AWAITING_DELETE = "awaiting-delete"  # delete operation issued
+    AWAITING_CREATE = "awaiting-create"  # create operation issued
+    AWAITING_CAPACITY = "awaiting-capacity"  # the create hit a stockout: retry after a backoff
+    AWAITING_READY = "awaiting-ready"  # created: the node becomes READY
+    AWAITING_BOOTSTRAP = "awaiting-bootstrap"  # READY: the startup script runs on every worker
+    PENDING_RESTART = "pending-restart"  # backing off before a failure restart
+    AWAITING_RESUME = "awaiting-resume"  # the job (re)started: the workers are judged each poll
+
+
+class Event(StrEnum):
+    # What the phases that wait observe (ops.watch.judge: clock, operation, node, bootstrap).
+    WAITING = "waiting"  # a backoff not over yet
+    DUE = "due"  # the backoff is over
+    RUNNING = "running"  # operation not done / slice not READY / bootstrap still running
+    DONE = "done"  # operation done / slice READY / bootstrap ok on every worker
+    STOCKOUT = "stockout"  # create refused or failed for capacity
+    FAILED = "failed"  # operation error, or a bootstrap failed
+    GONE = "gone"  # the node was preempted, terminated or deleted meanwhile
+    DEADLINE = "deadline"  # the phase outlasted its deadline
+    NOT_ISSUED = "not-issued"  # the delete could not be issued (a TPU API error): again later
+    LOST = "lost"  # a create was issued before a restart and its operation name not saved
+    # What the judged phases observe (node + workers: ops.watch.judge.decide).
+    CALM = "calm"  # running, starting, or a transition the TPU API finishes by itself
+    NOTICE = "notice"  # a preemption notice: the job saves, the node goes next
+    RESUMED = "resumed"  # after a recovery, every worker's job runs and reports a step again
+    SLICE_LOST = "slice-lost"  # preempted, terminated, missing, or stuck in transition
+    UNUSABLE = "unusable"  # READY but its bootstrap failed or a worker stays unreachable
+    JOB_FAILED = "job-failed"  # crashed, hung, or never started
+    JOB_PREEMPTED = "job-preempted"  # the job stopped for a preemption; the node survived
+    ALL_DONE = "all-done"  # every worker's job is done
+    FATAL = "fatal"  # a fatal exit code: restarting cannot help
+
+
+class Observes(StrEnum):
+    """What a waiting phase looks at each poll to make its event (ops.watch.judge)."""
+
+    CLOCK = "clock"  # its backoff
+    OPERATION = "operation"  # its delete or create operation
+    NODE = "node"  # the node's state
+    CLOCK_AND_NODE = "clock+node"  # its backoff, while the node stays READY
+    BOOTSTRAP = "bootstrap"  # the node's state and every worker's bootstrap
+
+
+class Action(StrEnum):
+    NONE = "none"
+    DELETE = "delete"  # issue nodes.delete
+    CREATE = "create"  # issue nodes.create from the spec
+    STOCKOUT = "stockout"  # journal it, spend the capacity budget, back off
+    RETRY = "retry"  # journal the error, back off, recreate again (no budget spent)
+    REBUILD = "rebuild"  # a failure: charge the failure budget, then recreate
+    RECREATED = "recreated"  # journal `recreated`
+    READY = "ready"  # journal `ready`; files older than now are stale
+    BOOTSTRAPPED = "bootstrapped"  # journal `bootstrapped`
+    RESTART = "restart"  # stop, clear-locks, start on every worker (a failure restart)
+    HAND_BACK = "hand-back"  # let the judged phase decide next poll (it sees what went wrong)
+    OPEN_RECREATE = "open-recreate"  # a preemption: count it, back off, delete + create
+    OPEN_REBUILD = "open-rebuild"  # an unusable slice: charge a failure, back off, recreate
+    OPEN_RESTART = "open-restart"  # a crash or hang: keep its stacks, charge, back off
+    RESTART_FREE = "restart-free"  # a preempted job on a surviving node: restart, no charge
+    NOTE_NOTICE = "note-notice"  # open a preemption incident while the job saves
+    CLOSE = "close"  # journal `resumed` with the steps lost; the incident is over
+    FINISH = "finish"  # journal `done`: watch exits 0
+    STOP = "stop"  # journal the fatal exit: watch exits 3
+
+
+P, E, A = Phase, Event, Action
+# Phases whose workers are judged each poll (ops.watch.judge.decide); the others wait for one
+# thing each (OBSERVES) with a deadline of their own (ops.watch.deadlines).
+JUDGED = (P.WATCHING, P.AWAITING_RESUME)
+_JUDGED_ROWS: dict[Event, tuple[Phase | None, Action]] = {  # None: stay in the judged phase
+    E.NOTICE: (None, A.NOTE_NOTICE),
+    E.RESUMED: (P.WATCHING, A.CLOSE),
+    E.SLICE_LOST: (P.PENDING_RECREATE, A.OPEN_RECREATE),
+    E.UNUSABLE: (P.PENDING_RECREATE, A.OPEN_REBUILD),
+    E.JOB_FAILED: (P.PENDING_RESTART, A.OPEN_RESTART),
+    E.JOB_PREEMPTED: (P.AWAITING_RESUME, A.RESTART_FREE),
+    E.ALL_DONE: (P.WATCHING, A.FINISH),
+    E.FATAL: (None, A.STOP),
+}
+TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
+    (P.PENDING_RECREATE, E.DUE): (P.AWAITING_DELETE, A.DELETE),
+    (P.AWAITING_DELETE, E.DONE): (P.AWAITING_CREATE, A.CREATE),
+    (P.AWAITING_DELETE, E.NOT_ISSUED): (P.PENDING_RECREATE, A.NONE),
+    (P.AWAITING_DELETE, E.FAILED): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_DELETE, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_CREATE, E.DONE): (P.AWAITING_READY, A.RECREATED),
+    (P.AWAITING_CREATE, E.LOST): (P.AWAITING_CREATE, A.CREATE),
+    (P.AWAITING_CREATE, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),
+    (P.AWAITING_CREATE, E.FAILED): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_CREATE, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_CAPACITY, E.DUE): (P.AWAITING_CREATE, A.CREATE),
+    (P.AWAITING_READY, E.DONE): (P.AWAITING_BOOTSTRAP, A.READY),
+    (P.AWAITING_READY, E.GONE): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_READY, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_BOOTSTRAP, E.DONE): (P.AWAITING_RESUME, A.BOOTSTRAPPED),
+    (P.AWAITING_BOOTSTRAP, E.FAILED): (P.WATCHING, A.HAND_BACK),
+    (P.AWAITING_BOOTSTRAP, E.GONE): (P.WATCHING, A.HAND_BACK),
+    (P.AWAITING_BOOTSTRAP, E.DEADLINE): (P.PENDING_RECREATE, A.REBUILD),
+    (P.PENDING_RESTART, E.DUE): (P.AWAITING_RESUME, A.RESTART),
+    (P.PENDING_RESTART, E.GONE): (P.WATCHING, A.HAND_BACK),
+    **{(phase, event): (to or phase, action)
+       for phase in JUDGED for event, (to, action) in _JUDGED_ROWS.items()},
+}  # fmt: skip
+# What each waiting phase observes to make its event.
+OBSERVES: dict[Phase, Observes] = {
+    P.PENDING_RECREATE: Observes.CLOCK,
+    P.AWAITING_CAPACITY: Observes.CLOCK,
+    P.PENDING_RESTART: Observes.CLOCK_AND_NODE,
+    P.AWAITING_DELETE: Observes.OPERATION,
+    P.AWAITING_CREATE: Observes.OPERATION,
+    P.AWAITING_READY: Observes.NODE,
+    P.AWAITING_BOOTSTRAP: Observes.BOOTSTRAP,
+}
+# Actions that open an incident (or continue the one open): the judged event names its kind.
+OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE, A.STOP}
+
+
+@dataclass(frozen=True)
+class Transition:
+    phase: Phase
+    action: Action
+
+
+def advance(phase: Phase, event: Event) -> Transition | None:
+    """The row for (phase, event); None where the table has none (nothing happens)."""
+    row = TABLE.get((phase, event))
+    return Transition(*row) if row else None
+
+
+def markdown() -> str:
+    """The table as docs/recovery-table.md shows it."""
+    lines = [
+        "# The recovery table",
+        "",
+        "Generated from `ops/watch/table.py` by `uv run python -m ops.watch > "
+        "docs/recovery-table.md`; every transition `tpupod watch` makes is one of these rows "
+        "(journaled as a `transition` event). A (phase, event) pair not listed changes nothing.",
+        "",
+        "| phase | event | next phase | action |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {p} | {e} | {to} | {a} |" for (p, e), (to, a) in TABLE.items()]
+    lines += ["", "What each waiting phase observes:", "", "| phase | observes |", "| --- | --- |"]
+    lines += [f"| {p} | {what} |" for p, what in OBSERVES.items()]
+    return "\n".join(lines) + "\n"
