@@ -1,5 +1,6 @@
 """`uv run python -m bench [NAME [flags]]`: NAME is all (the default) or one of trainer, gpu,
 checkpoint, overhead, verify, infra, recovery, job, goodput, cost, faults; `NAME --help` lists its flags.
+`uv run python -m bench report` renders BENCHMARKS.md again from BENCHMARKS.json, running nothing.
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
 of its own benchmark and keeps the others'), keeps raw results in bench/out/ and draws the goodput
@@ -22,7 +23,7 @@ from rich.console import Console
 
 from bench import flags, report
 from bench.report import Figure
-from bench.runners import OUT, PNG, REPO, RUNNERS, save
+from bench.runners import OUT, REPO, RUNNERS, save
 
 ORDER = list(report.BENCH_ORDER)  # the order rows appear in BENCHMARKS.md
 NAMED_ONLY = {"faults"}  # hours long: run when named, never by `all`
@@ -62,6 +63,8 @@ def parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         subs[name] = sub.add_parser(name, parents=[out], help=DESCRIPTION.get(name, name),
                                     description=DESCRIPTION.get(name))  # fmt: skip
         flags.add_flags(subs[name], name)
+    subs["report"] = sub.add_parser("report", parents=[out], help="render BENCHMARKS.md from "
+                                    "BENCHMARKS.json again (the rules applied), run nothing")  # fmt: skip
     return p, subs
 
 
@@ -94,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     named = a.bench if a.bench not in (None, "all") else None
     a.out = getattr(a, "out", None) or a.top_out
+    if named == "report":
+        report.render(a.out or REPO / "BENCHMARKS.md")
+        return 0
     if named:
         flags.check(subs[named], a)
     console = Console()
@@ -126,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             figures = RUNNERS[name](args[name], console)
         except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (a timeout): say so, then stop
             why = f"not run: interrupted ({err or 'Ctrl-C'}) after {time.time() - started:.0f} s"
-            report.write(report.stamp([Figure(f"{name} benchmark", why)], command, name), out,
-                         extra=extra(out))  # fmt: skip
+            report.write(report.stamp([Figure(f"{name} benchmark", why)], command, name), out)
             raise
         except ModuleNotFoundError as err:
             figures = [Figure(f"{name} benchmark", f"not run: module {err.name} missing")]
@@ -142,22 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             fig.machine = fig.machine or machine
             if fig.n is None and not str(fig.value).startswith("not "):
                 fig.n = 1  # one measurement unless the benchmark says how many
-        report.write(report.stamp(figures, command, name), out, extra=extra(out), replace=replace)
+        report.write(report.stamp(figures, command, name), out, replace=replace)
         console.print(f"{name}: {time.time() - started:.0f} s, {len(figures)} rows -> {out}")
     return 1 if failed else 0
-
-
-def extra(out: Path) -> str:
-    """The timeline under the table, when one was drawn."""
-    if not PNG.exists():
-        return ""
-    rel = os.path.relpath(PNG, out.parent)
-    return (
-        f"## Goodput timeline\n\nTraining step against wall time in the goodput run; faults, "
-        f"detections and recoveries marked; underneath, the shares of the badput breakdown (the "
-        f"timeline of a run measured before issue 18 has no such bar).\n\n"
-        f"![goodput timeline]({rel})\n"
-    )
 
 
 if __name__ == "__main__":

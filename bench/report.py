@@ -1,7 +1,10 @@
-"""BENCHMARKS.md: one table of figures, each with its n, spread, goal, command, machine and date.
+"""The benchmarks' records (BENCHMARKS.json) and BENCHMARKS.md, the report rendered from them
+(bench/report_md.py): the headline goals first, each judged by its own rule in bench/rules.py.
 
 Every row is tagged with the benchmark that produced it: a run of one benchmark replaces ALL of that
 benchmark's rows (none of an older run or an older name survives) and keeps the other benchmarks'.
+The JSON keeps each record as its benchmark wrote it (`met`: the benchmark's own comparison); the
+verdicts in the markdown are the rules', computed when it is rendered.
 """
 
 from __future__ import annotations
@@ -13,9 +16,7 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-HEADER = "| figure | value | n | spread | goal | met | notes | command | machine | date |"
-RULE = "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
+from bench.report_md import git
 
 
 @dataclass
@@ -32,33 +33,12 @@ class Figure:
     n: int | None = None  # how many measurements the value summarises
     spread: str = ""  # their range (min-max), or every value when few
     bench: str = ""  # the benchmark that wrote the row (`python -m bench NAME`)
-
-    def row(self) -> str:
-        if isinstance(self.value, float):  # a ratio keeps its 3 decimals: 1.000 x, not 1 x
-            value = f"{self.value:.3f}" if self.unit == "x" else f"{self.value:.4g}"
-        else:
-            value = str(self.value)
-        met = {True: "yes", False: "no", None: ""}[self.met]
-        n = "" if self.n is None else str(self.n)
-        cells = [self.name, f"{value} {self.unit}".strip(), n, self.spread, self.goal, met,
-                 self.note, f"`{self.command}`", self.machine, self.date]  # fmt: skip
-        return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+    commit: str = ""  # the code's commit when the row was written ("": not recorded)
 
 
-# Table order: by benchmark (`python -m bench NAME`), then as written.
-BENCH_ORDER = (
-    "trainer",
-    "gpu",
-    "checkpoint",
-    "overhead",
-    "verify",
-    "infra",
-    "recovery",
-    "job",
-    "goodput",
-    "faults",
-    "cost",
-)
+# Section order: by benchmark (`python -m bench NAME`), then as written.
+BENCH_ORDER = ("trainer", "gpu", "checkpoint", "overhead", "verify", "infra", "recovery", "job",
+               "goodput", "faults", "cost")  # fmt: skip
 
 
 def _rank(bench: str) -> int:
@@ -105,13 +85,22 @@ def median(values: list[float]) -> float | None:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+def git_commit() -> str:
+    """HEAD's short hash, marked when tracked files differ from it ("": not a git checkout)."""
+    head = git("rev-parse", "--short", "HEAD")
+    if head and git("status", "--porcelain", "--untracked-files=no"):
+        head += " (with uncommitted changes)"
+    return head
+
+
 def stamp(figures: list[Figure], command: str, bench: str = "") -> list[Figure]:
-    today = dt.date.today().isoformat()
+    today, commit = dt.date.today().isoformat(), git_commit()
     for fig in figures:
         fig.bench = fig.bench or bench
         fig.command = fig.command or command
         fig.machine = fig.machine or this_machine()
         fig.date = fig.date or today
+        fig.commit = fig.commit or commit
     return figures
 
 
@@ -130,9 +119,9 @@ def write(
     drop: tuple[str, ...] = (),
     replace: str | None = None,
 ) -> None:
-    """Merge `figures` into the JSON store beside `markdown` and rewrite the table. `replace`:
+    """Merge `figures` into the JSON store beside `markdown` and render the report. `replace`:
     the benchmark whose earlier rows all go first (a complete run); `drop`: rows named here go
-    too (e.g. an earlier "not run" row)."""
+    too (e.g. an earlier "not run" row); `extra`: markdown appended at the end."""
     store = markdown.with_suffix(".json")
     rows = {
         k: v
@@ -142,12 +131,15 @@ def write(
     rows.update({fig.name: asdict(fig) for fig in figures})
     ordered = sorted(rows.values(), key=lambda r: _rank(r.get("bench", "")))
     store.write_text(json.dumps(ordered, indent=1) + "\n")
-    table = "\n".join([HEADER, RULE, *(Figure(**row).row() for row in ordered)])
-    body = (
-        "# Benchmarks\n\nWritten by `uv run python -m bench`; each row says how it was measured "
-        "(`n`: how many measurements the value summarises, `spread`: their range, or each value "
-        "when few). Each run of a benchmark replaces all of its rows. Goals come from the issues; "
-        "every goal is judged, and a missed goal stays in the table as measured.\n\n"
-        f"{BEGIN}\n{table}\n{END}\n\n{extra}"
-    )
-    markdown.write_text(body)
+    render(markdown, extra)
+
+
+def render(markdown: Path, extra: str = "") -> str:
+    """BENCHMARKS.md from the JSON beside it (its records unchanged); returns the text."""
+    from bench import report_md
+
+    rows = list(_load(markdown.with_suffix(".json")).values())
+    benches = sorted({r.get("bench", "") for r in rows}, key=lambda b: (_rank(b), b))
+    text = report_md.report(rows, benches, markdown) + (f"\n{extra}" if extra else "")
+    markdown.write_text(text)
+    return text

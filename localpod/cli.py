@@ -65,6 +65,19 @@ def job_of(args: argparse.Namespace) -> jobs.Job:
     return jobs.builtin(f"--config {preset} --steps {steps}")
 
 
+def _rollout(args: argparse.Namespace) -> int:
+    from localpod.rollout import publish
+
+    given = args.job is not None or args.preset is not None or args.steps is not None
+    result = publish(_pod(args), job_of(args) if given else None)
+    if not result["changed"]:
+        print(f"bundle {result['new'][:12]} is the node's already: nothing to roll out")
+        return 0
+    print(f"node metadata now names bundle {result['new'][:12]} (was {(result['old'] or '?')[:12]});"
+          " a watcher rolls it out to the workers at a checkpoint boundary")  # fmt: skip
+    return 0
+
+
 def _up(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.workers > 250:
         raise PodError("--workers must be between 1 and 250")
@@ -246,6 +259,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--watcher", action="store_true", help="also start the watcher VM (recovers the slice)"
     )
     up.set_defaults(func=_up)
+
+    rollout = sub.add_parser(
+        "rollout", parents=[pod_dir],
+        help="what `pulumi up` does after a code change: upload this tree's bundle and patch the "
+        "node's metadata; a watcher rolls it out to the workers at a checkpoint boundary",
+    )  # fmt: skip
+    rollout.add_argument("--job", type=Path, help="the job directory [the job running]")
+    rollout.add_argument("--preset", help="the built-in trainer's preset [the job running]")
+    rollout.add_argument("--steps", type=int, help="the built-in trainer's steps [the job running]")
+    rollout.set_defaults(func=_rollout)
 
     sub.add_parser("down", parents=[pod_dir], help="stop everything the pod started").set_defaults(
         func=_down

@@ -159,6 +159,17 @@ class Slice:
         with self._lock:
             self._set(SliceState.READY, health="HEALTHY", detail=None)
 
+    def update_metadata(self, node_metadata: dict[str, str]) -> None:
+        """nodes.patch of `metadata`: every worker's metadata server serves the new keys (GCE's
+        own keys, such as the accelerator type and endpoints, stay)."""
+        with self._lock:
+            current = self.store.attributes(0)
+            accelerator = current.get("accelerator-type") or accelerator_type(
+                len(self.layout["addresses"]), self.layout["devices_per_worker"]
+            )
+            attributes = worker_attributes(node_metadata, self.layout["addresses"], accelerator)
+            self.store.set_attributes(attributes, self.store.hostnames)
+
     def _spawn_agent(self, index: int, hostname: str) -> Instance:
         popen, instance = worker_vm.boot(self.paths, self.layout, index, hostname)
         with self._lock:

@@ -21,6 +21,7 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("POST", re.compile(_LOCATION + r"/nodes"), "create_node"),
     ("GET", re.compile(_LOCATION + r"/nodes/(?P<node_id>[^/:]+)"), "get_node"),
     ("DELETE", re.compile(_LOCATION + r"/nodes/(?P<node_id>[^/:]+)"), "delete_node"),
+    ("PATCH", re.compile(_LOCATION + r"/nodes/(?P<node_id>[^/:]+)"), "patch_node"),
     (
         "POST",
         re.compile(_LOCATION + r"/nodes/(?P<node_id>[^/:]+):getGuestAttributes"),
@@ -56,6 +57,8 @@ class _Handler(BaseHTTPRequestHandler):
             args = match.groupdict()
             if action == "create_node":
                 args |= {"node_id": query.get("nodeId"), "body": _json(raw)}
+            elif action == "patch_node":
+                args |= {"update_mask": query.get("updateMask", ""), "body": _json(raw)}
             elif action == "guest_attributes":
                 args["body"] = _json(raw) or {}
             result = getattr(service, action)(**args)
@@ -63,7 +66,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(HTTP_STATUS[err.status], err.body())
         self._reply(200, result)
 
-    do_GET = do_POST = do_DELETE = _handle  # noqa: N815 - http.server's naming
+    do_GET = do_POST = do_DELETE = do_PATCH = _handle  # noqa: N815 - http.server's naming
 
 
 def _route(method: str, path: str) -> tuple[str, re.Match]:

@@ -71,3 +71,19 @@ def delete_node(endpoints: dict, timeout: float | None) -> None:
     except exceptions.GoogleAPICallError as err:
         raise PodError(f"cannot delete: {err.message}") from None
     _wait(operation, timeout, f"delete of {nodes[0].name}")
+
+
+def patch_metadata(endpoints: dict, name: str, metadata: dict[str, str], timeout: float = 60.0):
+    """nodes.patch with update_mask `metadata` (the whole map, as `pulumi up` sends it)."""
+    from google.api_core import exceptions
+    from google.cloud import tpu_v2
+    from google.protobuf import field_mask_pb2
+
+    node = tpu_v2.Node(name=name, metadata=metadata)
+    try:
+        operation = client(endpoints).update_node(
+            node=node, update_mask=field_mask_pb2.FieldMask(paths=["metadata"])
+        )
+    except exceptions.GoogleAPICallError as err:
+        raise PodError(f"cannot update node {name}: {err.message}") from None
+    return _wait(operation, timeout, f"update of node {name}")

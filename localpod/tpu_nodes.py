@@ -32,6 +32,10 @@ STOCKOUT = (
     "Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{eid}]"
 )
 RPC_CODE = {"RESOURCE_EXHAUSTED": 8, "INTERNAL": 13}
+# nodes.patch: the fields UpdateNodeRequest.update_mask may name (google.cloud.tpu_v2), as the
+# REST mask spells them; the local pod has no external IPs to switch on.
+PATCHABLE = ("description", "tags", "labels", "metadata")
+NOT_HERE = ("networkConfig.enableExternalIps", "network_config.enable_external_ips")
 # Where a state's detail is worth telling the client (healthDescription).
 TELL_DETAIL = {SliceState.PREEMPTED, SliceState.TERMINATED}
 
@@ -180,6 +184,40 @@ class TpuService:
                 del self._operations[operation["name"]]
             raise ApiError("FAILED_PRECONDITION", str(err)) from None
         with self._lock:
+            return _copy(operation)
+
+    def patch_node(
+        self, project: str, zone: str, node_id: str, update_mask: str, body: dict
+    ) -> dict:
+        """nodes.patch: the fields `update_mask` names are replaced (a map such as `metadata` as
+        a whole, as Google's field masks do); a new metadata reaches every worker's metadata
+        server at once, as on a TPU VM, and the startup script is not run again."""
+        node = self._found(project, zone, node_id)
+        fields = [f.strip() for f in update_mask.split(",") if f.strip()]
+        if not fields:
+            raise ApiError("INVALID_ARGUMENT", "update_mask is required.")
+        for name in fields:
+            if name in NOT_HERE:
+                raise ApiError("UNIMPLEMENTED", f"{name}: the local pod has no external IPs.")
+            if name not in PATCHABLE:
+                raise ApiError("INVALID_ARGUMENT", f"Invalid update_mask field: {name!r} "
+                               f"(supported: {', '.join(PATCHABLE)}).")  # fmt: skip
+        changes = {name: body.get(name) for name in fields}
+        meta = changes.get("metadata")
+        if meta is not None and not (
+            isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+        ):
+            raise ApiError("INVALID_ARGUMENT", "metadata must map strings to strings.")
+        with self._lock:
+            operation = self._new_operation(node["name"], "update")
+            for name, value in changes.items():
+                if value in (None, {}, []):
+                    node["request"].pop(name, None)
+                else:
+                    node["request"][name] = value
+            if "metadata" in changes:
+                self.slice.update_metadata(node["request"].get("metadata", {}))
+            self._finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
             return _copy(operation)
 
     def guest_attributes(self, project: str, zone: str, node_id: str, body: dict) -> dict:

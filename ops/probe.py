@@ -53,6 +53,11 @@ class Probe:
         return (self.bootstrap or {}).get("state")
 
     @property
+    def bootstrap_bundle(self) -> str | None:
+        """The code bundle this worker's last bootstrap installed (bootstrap.json)."""
+        return (self.bootstrap or {}).get("bundle_sha256")
+
+    @property
     def heartbeat_age(self) -> float | None:
         beat = None if self.status is None else self.status.heartbeat
         return None if beat is None else max(0.0, self.now - beat)

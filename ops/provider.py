@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from infra.metadata import BUNDLE_SHA256
 from infra.node_state import SliceState  # noqa: F401 - re-exported for ops
 
 
@@ -37,6 +38,12 @@ class SliceInfo:
     health: str | None = None
     workers: list[Worker] = field(default_factory=list)
     detail: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)  # the live node's (pulumi up patches it)
+
+    @property
+    def bundle(self) -> str | None:
+        """The code bundle the node's metadata names now (what every worker should run)."""
+        return self.metadata.get(BUNDLE_SHA256)
 
 
 class ProviderError(Exception):

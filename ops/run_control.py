@@ -1,11 +1,13 @@
-"""`tpupod stop|start|restart`: the operator's hand on a run, on every worker at once.
+"""`tpupod stop|start|restart|rollout`: the operator's hand on a run, on every worker at once.
 
 `stop` holds the run first (`ops/<stack>/hold.json` in the bucket: a running watcher, on its VM or
 anywhere, then watches without acting) and then stops the job on every worker, SIGTERM and its
 `grace_s` to save; `start` starts the job as the next attempt and then lifts the hold (in that
 order: a watcher never sees the stopped job unheld); `restart` is stop + start of the job
 without a hold. Each new start is the next attempt of the same run: same
-run id, same checkpoint directory, resumed from the job's latest checkpoint.
+run id, same checkpoint directory, resumed from the job's latest checkpoint. `rollout` puts the
+bundle the node's metadata names (after `pulumi up`) on workers that run another, under a hold:
+the job saves and stops, every worker's startup script runs again (fetch, verify, sync, start).
 """
 
 from __future__ import annotations
@@ -104,6 +106,37 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollout(args: argparse.Namespace) -> int:
+    provider = provider_for(args)
+    info = ready_workers(provider)
+    want = info.bundle
+    if not want:
+        raise CliError(f"node {provider.name} names no bundle (metadata tpupod-bundle-sha256): "
+                       "deploy the stack with `pulumi up` first")  # fmt: skip
+    console = Console()
+    with WorkerGroup(info.workers) as group:
+        stale = {p.index: p.bootstrap_bundle for p in group.probe() if p.bootstrap_bundle != want}
+        if not stale:
+            console.print(f"every worker runs bundle {want[:12]}: nothing to roll out")
+            return 0
+        old = ", ".join(sorted({(b or "none")[:12] for b in stale.values()}))
+        state = bucket_state(provider)
+        who = f"{getpass.getuser()}@{socket.gethostname()}"
+        state.write_hold({"by": who, "at": time.time(), "reason": "tpupod rollout"})
+        try:
+            restart_job(group, console, start=False)  # the job saves, as for a preemption
+            began = time.time()
+            group.rerun_startup(timeout=1800.0)
+            console.print(f"{'bootstrap':<12} every worker ({time.time() - began:.1f}s)")
+        except WorkerError as err:
+            raise CliError(f"rollout of bundle {want[:12]}: {err}; the run stays held "
+                           "(`tpupod start` lifts it)") from None  # fmt: skip
+        state.clear_hold()
+    console.print(f"bundle {want[:12]} rolled out (was {old}); the job resumes from the "
+                  "checkpoint it saved on stopping")  # fmt: skip
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     stack = stack_options()
     stop = subparsers.add_parser(
@@ -120,3 +153,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "restart", parents=[stack],
         help="stop, clear locks and start the job on every worker (the next attempt)",
     ).set_defaults(func=cmd_restart)  # fmt: skip
+    subparsers.add_parser(
+        "rollout", parents=[stack],
+        help="put the bundle the node names (after `pulumi up`) on every worker at a checkpoint "
+        "boundary, without recreating the slice",
+    ).set_defaults(func=cmd_rollout)  # fmt: skip

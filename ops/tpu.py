@@ -114,7 +114,23 @@ class TpuProvider:
         state = SliceState.parse(tpu_v2.Node.State(node.state).name)
         health = tpu_v2.Node.Health(node.health).name if node.health else None
         workers = self.workers(node) if state is SliceState.READY else []
-        return SliceInfo(state, health, workers, node.health_description or state.value)
+        return SliceInfo(state, health, workers, node.health_description or state.value,
+                         dict(node.metadata))  # fmt: skip
+
+    def refresh_spec(self, info: SliceInfo | None = None) -> list[str]:
+        """The live node's metadata into the spec a recreate uses, so it never goes back to an
+        older bundle after `pulumi up` (or `tpupod local rollout`) patched the node; returns
+        the keys that changed. A node already gone keeps the spec as it is."""
+        info = info or self.describe()
+        if info.state is SliceState.MISSING or not info.metadata:
+            return []
+        live = {k: v for k, v in info.metadata.items() if k != metadata.ATTEMPT}
+        node = self.target.spec.setdefault("node", {})
+        kept = {k: v for k, v in (node.get("metadata") or {}).items() if k != metadata.ATTEMPT}
+        changed = sorted(k for k in live.keys() | kept.keys() if live.get(k) != kept.get(k))
+        if changed:
+            node["metadata"] = live
+        return changed
 
     def workers(self, node: tpu_v2.Node) -> list[Worker]:
         """Worker i: networkEndpoints[i] and guestAttributes[i] of the live node."""

@@ -36,6 +36,20 @@ AS_ROOT = (
     'R={root}; if [ "$(id -u)" = 0 ]; then AS=; else AS="sudo -n"; fi; '
     '$AS env TPUPOD_ROOT="$R" bash -c {script}'
 )
+# The startup script again, as root, as at boot: fetched from the metadata server (where `pulumi
+# up` or nodes.patch put the current one) to a file, then run. It stops a job of another bundle,
+# fetches and verifies the node's bundle, syncs its environment and starts the job.
+RERUN_STARTUP = (
+    'R={root}; M="${{GCE_METADATA_HOST:-metadata.google.internal}}"; '
+    'if [ "$(id -u)" = 0 ]; then AS=; else AS="sudo -n"; fi; '
+    '$AS env TPUPOD_ROOT="$R" GCE_METADATA_HOST="$M" bash -c {script}'
+)
+RERUN_SCRIPT = (
+    'set -e; d="$TPUPOD_ROOT/.bootstrap"; mkdir -p "$d"; '
+    "curl -sf -H 'Metadata-Flavor: Google' -o \"$d/startup-script.sh\" "
+    '"http://$GCE_METADATA_HOST/computeMetadata/v1/instance/attributes/startup-script"; '
+    'bash "$d/startup-script.sh"'
+)
 SUDO_REFUSED = (
     "worker {index}: user {user} cannot run jobctl as root (passwordless sudo refused); "
     "grant roles/compute.osAdminLogin (OS Login) or add {user} to sudoers"
@@ -171,6 +185,11 @@ class WorkerGroup:
         self.jobctl("stop", timeout=(stop_timeout or 600.0) + 60.0, stop_timeout=stop_timeout)
         self.jobctl("clear-locks")
         self.jobctl("start", attempt=attempt)
+
+    def rerun_startup(self, timeout: float) -> dict[int, Outcome]:
+        """Every worker's startup script again, together (a multi-host job starts as a whole)."""
+        command = RERUN_STARTUP.format(root=ROOT, script=shlex.quote(RERUN_SCRIPT))
+        return self._checked(self.run(command, timeout=timeout), "startup script")
 
     def probe(self) -> list[Probe]:
         outcomes = self.run(PROBE_SCRIPT, timeout=20.0)

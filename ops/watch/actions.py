@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from infra.metadata import BUNDLE_SHA256
 from ops.forensics import capture_hang
 from ops.provider import ProviderError
 from ops.tpu import Stockout
@@ -24,6 +25,10 @@ class GiveUp(Exception):
 
 
 def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
+    refreshed = w.api(w.provider.refresh_spec)  # the node as `pulumi up` left it, while it exists
+    if refreshed:
+        w.journal.event("spec_refreshed", f"the recreate follows the node: {', '.join(refreshed)}",
+                        keys=refreshed)  # fmt: skip
     w.close()
     inc.started = time.time()
     inc.operation = w.api(w.provider.start_delete)
@@ -102,6 +107,27 @@ def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> 
                 attempt=attempt, cause=inc.kind)  # fmt: skip
 
 
+def roll_out(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """The node's new bundle onto the running slice, without recreating it: the job stops as
+    for a preemption (SIGTERM: it saves, a checkpoint boundary), then every worker's startup
+    script runs again: it fetches and verifies the bundle, syncs its environment and starts the
+    job, which resumes from that save. A later recreate uses the node's spec as it is now."""
+    w.provider.refresh_spec()
+    group = w.workers(None)
+    inc.started = started = time.time()
+    try:
+        group.jobctl("stop", timeout=None)
+        group.jobctl("clear-locks")
+        w.restarted_now()
+        group.rerun_startup(timeout=w.config.limits.bootstrap)
+    except WorkerError as err:
+        w.journal.event("error", f"rollout failed: {err}")
+        return
+    bundle = (w.provider.target.metadata.get(BUNDLE_SHA256) or "?")[:12]
+    w.milestone("rolled_out", started, f"bundle {bundle} rolled out to every worker",
+                bundle=bundle)  # fmt: skip
+
+
 def open_recreate(w: WatcherApi, inc: Incident, detail: str, failure: bool = False) -> None:
     if failure:
         w.charge(detail)
@@ -175,4 +201,5 @@ ACTIONS: dict[Action, Callable[..., int | None]] = {
     Action.CLOSE: close,
     Action.FINISH: finish,
     Action.STOP: stop,
+    Action.ROLL_OUT: roll_out,
 }

@@ -78,11 +78,13 @@ def decide_workers(
     limits: Limits,
     rules: JobRules,
     run_step: int | None = None,
+    bundle: str | None = None,
 ) -> Decision:
     """Slice READY: the most urgent worker condition decides; a waiting condition acts once it
     has lasted longer than its deadline (`waited(key)`, tracked by the caller). `run_step`: the
     run's newest step the caller has seen (an attempt that restored the last step and exited
-    at once reports none of its own)."""
+    at once reports none of its own). `bundle`: what the node's metadata names; a slice whose
+    every worker runs its job on another bundle gets it rolled out."""
     reporting = {p.index for p in probes if p.current(since)}
     verdicts = [judge_worker(p, since, limits, rules, bool(reporting - {p.index})) for p in probes]
     if not verdicts:
@@ -97,6 +99,11 @@ def decide_workers(
             reason = f"every worker exited 0 at step {reached}, before its {rules.steps} steps"
             return Decision(Event.JOB_FAILED, reason, WorkerCondition.FAILED, verdicts)
     event = CONDITION_EVENTS[worst.condition]
+    running = [p.bootstrap_bundle for p in probes]
+    if worst.condition is WorkerCondition.RUNNING and bundle and any(b != bundle for b in running):
+        old = ", ".join(sorted({(b or "none")[:12] for b in running if b != bundle}))
+        reason = f"the node names bundle {bundle[:12]}; workers run {old}"
+        return Decision(Event.NEW_BUNDLE, reason, worst.condition, verdicts)
     limit = CONDITION_DEADLINES.get(worst.condition)
     if limit and waited(worst.condition) > getattr(limits, limit):
         event = ON_DEADLINE[worst.condition]
@@ -112,6 +119,7 @@ def decide(
     health: str | None = None,
     rules: JobRules | None = None,
     run_step: int | None = None,
+    bundle: str | None = None,
 ) -> Decision:
     """A judged phase's event: slice state first, its health next, then the workers."""
     slice_action = SLICE_ACTIONS[state]
@@ -126,7 +134,7 @@ def decide(
         if waited(state) > limits.transient:
             return Decision(Event.SLICE_LOST, f"slice {state} for {waited(state):.0f}s", key=state)
         return Decision(Event.CALM, f"slice {state}", key=state)
-    return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step)
+    return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step, bundle)
 
 
 # -- the waiting phases: one observation each -----------------------------------------------------

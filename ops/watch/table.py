@@ -46,6 +46,7 @@ class Event(StrEnum):
     JOB_PREEMPTED = "job-preempted"  # the job stopped for a preemption; the node survived
     ALL_DONE = "all-done"  # every worker's job is done
     FATAL = "fatal"  # a fatal exit code: restarting cannot help
+    NEW_BUNDLE = "new-bundle"  # the node's metadata names a bundle the healthy workers do not run
 
 
 class Observes(StrEnum):
@@ -78,6 +79,7 @@ class Action(StrEnum):
     CLOSE = "close"  # journal `resumed` with the steps lost; the incident is over
     FINISH = "finish"  # journal `done`: watch exits 0
     STOP = "stop"  # journal the fatal exit: watch exits 3
+    ROLL_OUT = "roll-out"  # the new bundle onto the running slice: save, stop, fetch, start
 
 
 P, E, A = Phase, Event, Action
@@ -93,6 +95,7 @@ _JUDGED_ROWS: dict[Event, tuple[Phase | None, Action]] = {  # None: stay in the 
     E.JOB_PREEMPTED: (P.AWAITING_RESUME, A.RESTART_FREE),
     E.ALL_DONE: (P.WATCHING, A.FINISH),
     E.FATAL: (None, A.STOP),
+    E.NEW_BUNDLE: (P.AWAITING_RESUME, A.ROLL_OUT),
 }
 TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.PENDING_RECREATE, E.DUE): (P.AWAITING_DELETE, A.DELETE),
@@ -129,7 +132,8 @@ OBSERVES: dict[Phase, Observes] = {
     P.AWAITING_BOOTSTRAP: Observes.BOOTSTRAP,
 }
 # Actions that open an incident (or continue the one open): the judged event names its kind.
-OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE, A.STOP}
+OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE, A.STOP,
+         A.ROLL_OUT}  # fmt: skip
 
 
 @dataclass(frozen=True)

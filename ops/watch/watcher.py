@@ -44,10 +44,11 @@ MAX_PROVIDER_ERRORS = 5
 EXIT_DONE, EXIT_GAVE_UP = 0, 3  # 1 stays Python's own (an uncaught exception): restartable
 HOLD_CHECK_S = 2.0  # a hold (tpupod stop) is read at most this often, and before every action
 # Events that change the slice or the job: never acted on while the run is held.
-ACTING = {Event.SLICE_LOST, Event.UNUSABLE, Event.JOB_FAILED, Event.JOB_PREEMPTED}
+ACTING = {Event.SLICE_LOST, Event.UNUSABLE, Event.JOB_FAILED, Event.JOB_PREEMPTED,
+          Event.NEW_BUNDLE}  # fmt: skip
 CALM = {None, WorkerCondition.RUNNING, WorkerCondition.STARTING, WorkerCondition.BOOTSTRAPPING}
 # The incident an action opens, where the judged condition does not name it.
-OPENED_AS = {Action.NOTE_NOTICE: "preemption", Action.STOP: "fatal"}
+OPENED_AS = {Action.NOTE_NOTICE: "preemption", Action.STOP: "fatal", Action.ROLL_OUT: "rollout"}
 DEFAULT_KIND = {Action.OPEN_RESTART: "crash", Action.RESTART_FREE: "crash"}
 
 
@@ -139,7 +140,7 @@ class Watcher:
             self.progress.track(self.probes)
         decision = judge.decide(info.state, self.probes, self.since, self._waited,
                                 self.config.limits, info.health, self.rules,
-                                self.last_step)  # fmt: skip
+                                self.last_step, info.bundle)  # fmt: skip
         self._tick(decision.key)
         if self.on_poll is not None:
             self.on_poll(self, self.probes)

@@ -13,6 +13,8 @@ import contextlib
 import json
 import os
 import shlex
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -23,9 +25,11 @@ from pathlib import Path
 import fabric
 import pytest
 
+from infra import metadata
 from localpod import procs, storage
 from localpod.metadata_server import MetadataServer, MetadataStore
 from localpod.pod import LocalPod, WorkerInfo
+from ops.target import local_target
 
 pytestmark = pytest.mark.e2e
 
@@ -280,3 +284,56 @@ def test_local_pod_metadata_without_bucket_names_the_phase(local_pod):
     assert expected in (root / "bootstrap.log").read_text()
     # It failed before touching anything: the trainer runs on.
     assert (root / "job.pid").read_text() == pid and trainer_processes(root)
+
+
+def test_a_rollout_patches_the_node_and_reaches_every_worker(local_pod) -> None:
+    """`tpupod local rollout` does what `pulumi up` does (a bundle uploaded, nodes.patch of the
+    node's metadata, which the workers' metadata servers serve at once); `tpupod rollout` puts
+    it on every worker (the job saves and stops, the startup script runs again) without a
+    recreate. nodes.patch refuses a field the API does not update."""
+    from google.api_core import exceptions
+    from google.cloud import tpu_v2
+    from google.protobuf import field_mask_pb2
+
+    from localpod import tpu_client
+
+    pod = local_pod
+    root, where = str(pod.paths.root), ["--pod-dir", str(pod.paths.root)]
+    tpupod = [sys.executable, "-m", "ops"]
+    api = tpu_client.client(pod.endpoints())
+    name = local_target(pod.paths.root).node_name
+    node = api.get_node(name=name)
+    old, created = node.metadata[metadata.BUNDLE_SHA256], node.create_time
+    with pytest.raises(exceptions.BadRequest, match="update_mask"):
+        api.update_node(node=tpu_v2.Node(name=name, accelerator_type="v4-8"),
+                        update_mask=field_mask_pb2.FieldMask(paths=["accelerator_type"]))  # fmt: skip
+    publish = subprocess.run([*tpupod, "local", "rollout", "--preset", "tiny", "--steps", "999",
+                              *where], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert publish.returncode == 0, publish.stderr
+    node = api.get_node(name=name)
+    new = node.metadata[metadata.BUNDLE_SHA256]
+    assert new != old and new[:12] in publish.stdout and node.create_time == created
+    served = urllib.request.Request(
+        f"http://{pod.describe().workers[1].host}:{pod.describe().pod['metadata_port']}"
+        f"/computeMetadata/v1/instance/attributes/{metadata.BUNDLE_SHA256}",
+        headers={"Metadata-Flavor": "Google"},
+    )
+    assert urllib.request.urlopen(served, timeout=10).read().decode() == new
+    pids = [int((Path(root) / "workers" / str(i) / "tpupod" / "job.pid").read_text())
+            for i in range(2)]  # fmt: skip
+    rolled = subprocess.run([*tpupod, "rollout", "--stack", "local", *where], capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    said = " ".join(rolled.stdout.split())  # was: what the workers ran (the tests above)
+    assert f"bundle {new[:12]} rolled out (was " in said, said
+    for i in range(2):
+        boot = json.loads(
+            (Path(root) / "workers" / str(i) / "tpupod" / "bootstrap.json").read_text()
+        )
+        assert boot["bundle_sha256"] == new and boot["state"] == "ok", boot
+        pid = int((Path(root) / "workers" / str(i) / "tpupod" / "job.pid").read_text())
+        assert pid != pids[i] and procs.alive(pid)
+    assert api.get_node(name=name).create_time == created  # the same node: no recreate
+    same = subprocess.run([*tpupod, "rollout", "--stack", "local", *where], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert same.returncode == 0 and "nothing to roll out" in same.stdout, same.stderr

@@ -156,7 +156,8 @@ def test_with_no_incident_open_a_judged_event_opens_one_of_its_kind(event, tmp_p
     monkeypatch.setattr(watcher, "ACTIONS", {a: lambda *_: None for a in Action})
     w = _watcher(tmp_path)
     w.on(event, "worker 1 heartbeat 99s old", "hang")
-    expected = {Event.NOTICE: "preemption", Event.FATAL: "fatal"}.get(event, "hang")
+    expected = {Event.NOTICE: "preemption", Event.FATAL: "fatal", Event.NEW_BUNDLE: "rollout"}
+    expected = expected.get(event, "hang")
     assert w.incident.kind == expected and w.incident.phase is TABLE[(Phase.WATCHING, event)][0]
     assert [e["event"] for e in w.journal.events] == ["detected", "transition"]
 
