@@ -39,6 +39,7 @@ class SliceInfo:
     workers: list[Worker] = field(default_factory=list)
     detail: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)  # the live node's (pulumi up patches it)
+    spot: bool = True  # schedulingConfig spot or preemptible: maintenance ends it, never resumes
 
     @property
     def bundle(self) -> str | None:

@@ -114,8 +114,9 @@ class TpuProvider:
         state = SliceState.parse(tpu_v2.Node.State(node.state).name)
         health = tpu_v2.Node.Health(node.health).name if node.health else None
         workers = self.workers(node) if state is SliceState.READY else []
+        spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
         return SliceInfo(state, health, workers, node.health_description or state.value,
-                         dict(node.metadata))  # fmt: skip
+                         dict(node.metadata), spot)  # fmt: skip
 
     def refresh_spec(self, info: SliceInfo | None = None) -> list[str]:
         """The live node's metadata into the spec a recreate uses, so it never goes back to an

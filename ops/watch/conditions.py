@@ -42,7 +42,11 @@ SLICE_ACTIONS: dict[SliceState, SliceAction] = {
 
 
 # TPU node health -> what it announces while the node is still READY (the notice period).
+# On a spot node maintenance is the end (GCE terminates spot VMs for host maintenance): the job
+# saves while it can. On an on-demand or reserved node the VM comes back by itself and its
+# startup script starts the job again: watch waits and restarts nothing over SSH meanwhile.
 NOTICE_HEALTH = {"UNHEALTHY_MAINTENANCE": "preemption notice"}
+MAINTENANCE = "maintenance"  # the key a non-spot node's maintenance is timed under
 
 
 class WorkerCondition(StrEnum):

@@ -15,6 +15,7 @@ from ops.job_status import JobRules
 from ops.probe import Probe
 from ops.provider import SliceState
 from ops.watch.conditions import (
+    MAINTENANCE,
     NOTICE_HEALTH,
     PRIORITY,
     SLICE_ACTIONS,
@@ -120,9 +121,17 @@ def decide(
     rules: JobRules | None = None,
     run_step: int | None = None,
     bundle: str | None = None,
+    spot: bool = True,
 ) -> Decision:
-    """A judged phase's event: slice state first, its health next, then the workers."""
+    """A judged phase's event: slice state first, its health next, then the workers. `spot`:
+    the node is spot or preemptible (maintenance ends it) rather than on-demand or reserved."""
     slice_action = SLICE_ACTIONS[state]
+    if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH and not spot:
+        if waited(MAINTENANCE) > limits.transient:
+            why = f"maintenance ({health}) for {waited(MAINTENANCE):.0f}s"
+            return Decision(Event.SLICE_LOST, why, key=MAINTENANCE)
+        why = f"maintenance ({health}): the node resumes by itself, its job at boot"
+        return Decision(Event.CALM, why, key=MAINTENANCE)
     if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH:
         # The node is going away: wait for it (the job saves), then restart if it stays.
         cond = WorkerCondition.PREEMPTED

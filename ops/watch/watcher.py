@@ -140,7 +140,7 @@ class Watcher:
             self.progress.track(self.probes)
         decision = judge.decide(info.state, self.probes, self.since, self._waited,
                                 self.config.limits, info.health, self.rules,
-                                self.last_step, info.bundle)  # fmt: skip
+                                self.last_step, info.bundle, info.spot)  # fmt: skip
         self._tick(decision.key)
         if self.on_poll is not None:
             self.on_poll(self, self.probes)

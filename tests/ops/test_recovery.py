@@ -214,11 +214,26 @@ def test_done_needs_every_worker_at_the_declared_steps():
     )
 
 
-def test_maintenance_health_is_a_preemption_notice():
+def test_maintenance_health_is_a_preemption_notice_on_a_spot_node():
     d = decide(SliceState.READY, [probe()], SINCE, never, LIMITS, "UNHEALTHY_MAINTENANCE")
     assert (d.event, d.condition) == (Event.NOTICE, WorkerCondition.PREEMPTED)
     d = decide(SliceState.READY, [probe()], SINCE, forever, LIMITS, "UNHEALTHY_MAINTENANCE")
     assert d.event is Event.JOB_PREEMPTED
+
+
+def test_maintenance_of_an_on_demand_node_is_waited_for_not_restarted_over_ssh():
+    """It comes back by itself and its startup script starts the job: no notice, no restart,
+    whatever the workers look like meanwhile; only a maintenance that outlasts the transient
+    deadline counts as a lost slice."""
+    dead = [probe(0, alive=False), probe(1, age=999)]  # crashed and hung, as a reboot leaves them
+    for waited in (never, lambda key: LIMITS.preempt_grace + 1):
+        d = decide(SliceState.READY, dead, SINCE, waited, LIMITS, "UNHEALTHY_MAINTENANCE",
+                   spot=False)  # fmt: skip
+        assert (d.event, d.condition, d.key) == (Event.CALM, None, "maintenance"), d
+    d = decide(SliceState.READY, dead, SINCE, forever, LIMITS, "UNHEALTHY_MAINTENANCE", spot=False)
+    assert d.event is Event.SLICE_LOST
+    healthy_again = decide(SliceState.READY, dead, SINCE, never, LIMITS, None, spot=False)
+    assert healthy_again.event is Event.JOB_FAILED  # judged as usual once the node is back
 
 
 def test_backoff_grows_and_is_capped():
