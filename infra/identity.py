@@ -20,6 +20,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.component import child_options
+from infra.grants import bucket_prefix_role, project_roles
 
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 READ_WRITE = "roles/storage.objectUser"  # get, list, create, overwrite, delete objects
@@ -47,20 +48,6 @@ BUCKET_GRANTS = (
 # Only for a stack whose `tpupod:data` lies in its own bucket (data in another bucket: README,
 # "Your data", says what to grant there).
 DATA_GRANT = PrefixGrant("data", READ_ONLY, "data/", "prepared training data: read-only")
-
-
-def prefix_condition(bucket: str, prefix: str) -> str:
-    """CEL: objects under `prefix` (and the bare `prefix` name itself, which gcsfs probes), plus
-    listing the bucket with a list prefix of the same shape (`storage.objects.list` is checked on
-    the bucket, with the request's prefix as an API attribute)."""
-    folder = prefix.rstrip("/")
-    objects = f"projects/_/buckets/{bucket}/objects/{folder}"
-    listed = 'api.getAttribute("storage.googleapis.com/objectListPrefix", "")'
-    return (
-        f'resource.name == "{objects}" || resource.name.startsWith("{objects}/") || '
-        f'(resource.type == "storage.googleapis.com/Bucket" && '
-        f'({listed} == "{folder}" || {listed}.startsWith("{folder}/")))'
-    )
 
 
 @dataclass(frozen=True)
@@ -91,21 +78,11 @@ class WorkerIdentity(pulumi.ComponentResource):
             opts=child,
         )
         member = account.email.apply(lambda email: f"serviceAccount:{email}")
-        bucket = pulumi.Output.from_input(args.bucket)
         for grant in BUCKET_GRANTS + ((DATA_GRANT,) if args.read_data else ()):
             prefix = grant.prefix.format(stack=args.stack)
-            gcp.storage.BucketIAMMember(
-                f"{name}-bucket-{grant.name}",
-                bucket=args.bucket,
-                role=grant.role,
-                member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title=f"tpupod {grant.name}",
-                    description=f"{prefix}: {grant.why}",
-                    expression=bucket.apply(lambda b, p=prefix: prefix_condition(b, p)),
-                ),
-                opts=child,
-            )
+            bucket_prefix_role(f"{name}-bucket-{grant.name}", args.bucket, grant.role, member,
+                               prefix, f"tpupod {grant.name}", f"{prefix}: {grant.why}",
+                               child)  # fmt: skip
         for secret in args.secrets:
             gcp.secretmanager.SecretIamMember(
                 f"{name}-secret-{secret}",
@@ -115,13 +92,6 @@ class WorkerIdentity(pulumi.ComponentResource):
                 member=member,
                 opts=child,
             )
-        for role in PROJECT_ROLES:
-            gcp.projects.IAMMember(
-                f"{name}-{role.split('/')[-1]}",
-                project=args.project,
-                role=role,
-                member=member,
-                opts=child,
-            )
+        project_roles(name, args.project, member, PROJECT_ROLES, child)
         self.email = account.email
         self.register_outputs({"email": self.email})

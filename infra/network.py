@@ -15,6 +15,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.component import child_options
+from infra.grants import ssh_ingress
 from infra.security import IAP_RANGE, LISTED_SSH_MARKER
 
 # VPC flow logs on the workers' subnet: half of the flows sampled (the API default), summarized per
@@ -95,29 +96,13 @@ class Network(pulumi.ComponentResource):
         self.register_outputs({"network": self.network, "subnetwork": self.subnetwork})
 
     def _firewall(self, name: str, args: NetworkArgs, child: pulumi.ResourceOptions) -> None:
-        gcp.compute.Firewall(
-            f"{name}-ssh-iap",
-            name=f"{args.name}-ssh-iap",
-            network=self.network,
-            direction="INGRESS",
-            description="SSH to workers through IAP TCP forwarding only",
-            source_ranges=[IAP_RANGE],
-            target_tags=[args.worker_tag],
-            allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
-            opts=child,
-        )
+        ssh_ingress(f"{name}-ssh-iap", f"{args.name}-ssh-iap", self.network,
+                    "SSH to workers through IAP TCP forwarding only", args.worker_tag, child,
+                    source_ranges=[IAP_RANGE])  # fmt: skip
         if args.ssh_source_ranges:
-            gcp.compute.Firewall(
-                f"{name}-ssh-listed",
-                name=f"{args.name}-ssh-listed",
-                network=self.network,
-                direction="INGRESS",
-                description=f"{LISTED_SSH_MARKER}={','.join(args.ssh_source_ranges)}",
-                source_ranges=list(args.ssh_source_ranges),
-                target_tags=[args.worker_tag],
-                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
-                opts=child,
-            )
+            ssh_ingress(f"{name}-ssh-listed", f"{args.name}-ssh-listed", self.network,
+                        f"{LISTED_SSH_MARKER}={','.join(args.ssh_source_ranges)}",
+                        args.worker_tag, child, source_ranges=args.ssh_source_ranges)  # fmt: skip
         gcp.compute.Firewall(
             f"{name}-internal",
             name=f"{args.name}-internal",

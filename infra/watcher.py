@@ -27,7 +27,8 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.component import child_options
-from infra.identity import READ_ONLY, READ_WRITE, prefix_condition
+from infra.grants import bucket_prefix_role, project_roles, ssh_ingress
+from infra.identity import READ_ONLY, READ_WRITE
 from infra.metadata import METADATA_LIMIT_BYTES
 from infra.security import OS_LOGIN_METADATA
 
@@ -134,14 +135,7 @@ class WatcherVm(pulumi.ComponentResource):
             member=member,
             opts=child_options(self, opts, depends_on=[role]),
         )
-        for project_role in PROJECT_ROLES:
-            gcp.projects.IAMMember(
-                f"{name}-{project_role.split('/')[-1]}",
-                project=args.project,
-                role=project_role,
-                member=member,
-                opts=child,
-            )
+        project_roles(name, args.project, member, PROJECT_ROLES, child)
         worker_account = pulumi.Output.from_input(args.worker_service_account).apply(
             lambda email: f"projects/{args.project}/serviceAccounts/{email}"
         )
@@ -152,37 +146,16 @@ class WatcherVm(pulumi.ComponentResource):
             member=member,
             opts=child,
         )
-        bucket = pulumi.Output.from_input(args.bucket)
-        for grant, role_name, prefix in (
-            ("ops", READ_WRITE, f"ops/{args.stack}/"),
-            ("bundles", READ_ONLY, "bundles/"),
+        for grant, role_name, prefix, why in (
+            ("ops", READ_WRITE, f"ops/{args.stack}/", "the watcher's journal, incident and lease"),
+            ("bundles", READ_ONLY, "bundles/", "code bundles, read only"),
         ):
-            gcp.storage.BucketIAMMember(
-                f"{name}-bucket-{grant}",
-                bucket=args.bucket,
-                role=role_name,
-                member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title=f"tpupod watcher {grant}",
-                    description=f"{prefix}: the watcher's journal, incident and lease"
-                    if grant == "ops"
-                    else f"{prefix}: code bundles, read only",
-                    expression=bucket.apply(lambda b, p=prefix: prefix_condition(b, p)),
-                ),
-                opts=child,
-            )
+            bucket_prefix_role(f"{name}-bucket-{grant}", args.bucket, role_name, member, prefix,
+                               f"tpupod watcher {grant}", f"{prefix}: {why}", child)  # fmt: skip
         tag = watcher_tag(args.name)
-        gcp.compute.Firewall(
-            f"{name}-ssh-to-workers",
-            name=f"{args.name}-ssh",
-            network=args.network,
-            direction="INGRESS",
-            description="SSH from the watcher VM to the workers, nothing else",
-            source_tags=[tag],
-            target_tags=[args.worker_tag],
-            allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
-            opts=child,
-        )
+        ssh_ingress(f"{name}-ssh-to-workers", f"{args.name}-ssh", args.network,
+                    "SSH from the watcher VM to the workers, nothing else", args.worker_tag, child,
+                    source_tags=[tag])  # fmt: skip
         metadata = pulumi.Output.all(args.bucket, args.node_spec).apply(
             lambda resolved: watcher_metadata(args.stack, resolved[0], resolved[1])
         )
