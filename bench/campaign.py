@@ -28,6 +28,7 @@ from bench.recovery_bench import HANG_S, LABELS, checkpoint_interval, incidents
 from bench.report import Figure, median, spread
 from bench.steps_lost import Loss, goal_text, judge
 from localpod.faults import KINDS
+from ops.target import write_atomic
 
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,
@@ -144,7 +145,7 @@ def run(
         if record.reference is not None:
             state["reference"] = record.reference
         state["legs"].append(leg_result(record, state.get("reference")))
-        path.write_text(json.dumps(state, indent=1) + "\n")
+        write_atomic(path, state, indent=1)
     result = summarise(state)
     result["legs_run_now"] = len(state["legs"]) - done_before
     result["last_leg_saved"] = path.stat().st_mtime if path.exists() else None

@@ -23,6 +23,7 @@ from bench.faults import Schedule, Stop, WatchKilled
 from bench.sampler import Sampler
 from ops.job_status import JobRules
 from ops.journal import Journal
+from ops.target import write_atomic
 from ops.watch import Limits, WatchConfig, Watcher
 from ops.watch.incident import IncidentStore
 
@@ -67,7 +68,7 @@ class RunRecord:
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), default=str) + "\n")
+        write_atomic(path, asdict(self))
         return path
 
     @classmethod

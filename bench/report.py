@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.report_md import git
+from ops.target import write_atomic
 
 
 @dataclass
@@ -130,7 +131,7 @@ def write(
     }
     rows.update({fig.name: asdict(fig) for fig in figures})
     ordered = sorted(rows.values(), key=lambda r: _rank(r.get("bench", "")))
-    store.write_text(json.dumps(ordered, indent=1) + "\n")
+    write_atomic(store, ordered, indent=1)
     render(markdown, extra)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench import report
 from bench.report import Figure
+from ops.target import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
@@ -239,4 +240,4 @@ RUNNERS = {
 
 def save(name: str, result: dict, out: Path = OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    write_atomic(out / f"{name}.json", result, indent=1)

@@ -224,13 +224,14 @@ def cached_outputs(stack: str, cache: Path) -> dict:
     return keep
 
 
-def write_atomic(path: Path, data: dict) -> None:
+def write_atomic(path: Path, data: dict | list, indent: int | None = None) -> None:
     """JSON to `path` through a temp file and rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump(data, out, sort_keys=True, default=str)
+            json.dump(data, out, sort_keys=True, default=str, indent=indent)
+            out.write("\n")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
