@@ -67,7 +67,8 @@ GENERATIONS: dict[str, Generation] = {
         name="v5p",
         api_prefix="v5p",
         cores_per_chip=2,
-        sizes=(8, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288),
+        # 32: the page's own AcceleratorType example, "v5p-32 ... 32 TensorCores (16 chips)"
+        sizes=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288),
         single_host_max_chips=4,
         runtime_version="v2-alpha-tpuv5",
         zones=("us-central1-a", "us-east5-a"),

@@ -283,7 +283,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     endpoints.set_defaults(func=_endpoints)
 
     preempt = sub.add_parser("preempt", parents=[pod_dir], help="preempt the slice like GCE")
-    preempt.add_argument("--notice", type=float, default=30.0, help="seconds from SIGTERM to KILL")
+    preempt.add_argument(
+        "--notice", type=float, default=0.0,
+        help="seconds from SIGTERM to SIGKILL [0: none, as GCP may give none]",
+    )  # fmt: skip
     preempt.add_argument("--no-wait", action="store_true", help="return before PREEMPTED")
     preempt.set_defaults(func=_preempt)
 

@@ -235,7 +235,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
             "/quota": lambda: {
                 "pending": ctl.tpu.service.inject_quota(int(query.get("count", "1")))
             },
-            "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "30"))),
+            "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "0"))),
             "/crash": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGKILL)},
             "/hang": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGSTOP)},
             "/shutdown": ctl.stop.set,

@@ -341,7 +341,7 @@ class LocalPod:
             self.delete(wait=True)
         return self.create(wait=wait)
 
-    def preempt(self, notice: float = 30.0, wait: bool = True) -> PodInfo:
+    def preempt(self, notice: float = 0.0, wait: bool = True) -> PodInfo:
         info = _info(self._request("POST", f"/preempt?notice={notice}"))
         return self.wait_for({SliceState.PREEMPTED}, notice + 30) if wait else info
 

@@ -1,7 +1,8 @@
 """The pod's Cloud TPU v2 REST API on loopback: Google's paths, JSON and error shapes.
 
 Google's own clients (google-cloud-tpu over REST, gcloud with api_endpoint_overrides/tpu) work
-against it unchanged; the resources and their semantics are `localpod.tpu_nodes.TpuService`.
+against it unchanged; the resources and their semantics are `localpod.tpu_nodes.TpuService`
+(nodes, operations) and `localpod.tpu_queued.QueuedResources`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from urllib.parse import parse_qs, urlsplit
 
 from localpod.loopback import LoopbackServer
 from localpod.tpu_nodes import TpuService
+from localpod.tpu_queued import QueuedResources
 from localpod.tpu_requests import HTTP_STATUS, ApiError
 
 _LOCATION = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+_QUEUED = _LOCATION + r"/queuedResources/(?P<queued_resource_id>[^/:]+)"
 _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("GET", re.compile(_LOCATION + r"/nodes"), "list_nodes"),
     ("POST", re.compile(_LOCATION + r"/nodes"), "create_node"),
@@ -28,6 +31,11 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
         "guest_attributes",
     ),
     ("GET", re.compile(_LOCATION + r"/operations/(?P<operation_id>[^/]+)"), "get_operation"),
+    ("GET", re.compile(_LOCATION + r"/queuedResources"), "list_queued_resources"),
+    ("POST", re.compile(_LOCATION + r"/queuedResources"), "create_queued_resource"),
+    ("GET", re.compile(_QUEUED), "get_queued_resource"),
+    ("DELETE", re.compile(_QUEUED), "delete_queued_resource"),
+    ("POST", re.compile(_QUEUED + ":reset"), "reset_queued_resource"),
 ]
 
 
@@ -61,7 +69,12 @@ class _Handler(BaseHTTPRequestHandler):
                 args |= {"update_mask": query.get("updateMask", ""), "body": _json(raw)}
             elif action == "guest_attributes":
                 args["body"] = _json(raw) or {}
-            result = getattr(service, action)(**args)
+            elif action == "create_queued_resource":
+                args |= {"queued_resource_id": query.get("queuedResourceId"), "body": _json(raw)}
+            elif action == "delete_queued_resource":
+                args["force"] = query.get("force", "").lower() == "true"
+            owner = self.server.queued if "queued_resource" in action else service
+            result = getattr(owner, action)(**args)
         except ApiError as err:
             return self._reply(HTTP_STATUS[err.status], err.body())
         self._reply(200, result)
@@ -89,4 +102,5 @@ class TpuApiServer(LoopbackServer):
     def __init__(self, service: TpuService) -> None:
         super().__init__(_Handler)
         self.service = service
+        self.queued = QueuedResources(service)
         self.url += "/"

@@ -19,7 +19,13 @@ from localpod.environment import accelerator_type
 from localpod.metadata_server import PROJECT_ID, ZONE, Node
 from localpod.slice import Slice
 from localpod.state import PodError, SliceState
-from localpod.tpu_requests import ApiError, check_node_id, node_request, quota_exceeded
+from localpod.tpu_requests import (
+    ApiError,
+    check_node_id,
+    node_request,
+    not_found,
+    quota_exceeded,
+)
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
@@ -77,7 +83,7 @@ class TpuService:
         self._quota_refusals = 0
 
     # -- names -------------------------------------------------------------------------------
-    def _location(self, project: str, zone: str, listing: bool = False) -> str:
+    def location(self, project: str, zone: str, listing: bool = False) -> str:
         if project not in (PROJECT_ID, "1234"):
             raise ApiError(
                 "PERMISSION_DENIED", f'Permission denied on resource project "{project}".'
@@ -97,10 +103,10 @@ class TpuService:
         return node if name is None or node["name"] == name else None
 
     def _found(self, project: str, zone: str, node_id: str) -> dict:
-        name = f"{self._location(project, zone)}/nodes/{node_id}"
+        name = f"{self.location(project, zone)}/nodes/{node_id}"
         node = self._live(name)
         if node is None:
-            raise ApiError("NOT_FOUND", f'Resource "{name}" was not found.')
+            raise not_found(name)
         return node
 
     # -- nodes -------------------------------------------------------------------------------
@@ -128,7 +134,7 @@ class TpuService:
         return out
 
     def list_nodes(self, project: str, zone: str) -> dict:
-        self._location(project, zone, listing=True)
+        self.location(project, zone, listing=True)
         node = self._live()
         return {"nodes": [self.node_json(node)]} if node else {}
 
@@ -136,7 +142,7 @@ class TpuService:
         return self.node_json(self._found(project, zone, node_id))
 
     def create_node(self, project: str, zone: str, node_id: str | None, body: dict) -> dict:
-        parent = self._location(project, zone)
+        parent = self.location(project, zone)
         check_node_id(node_id)
         request = node_request(body, self.accelerator, len(self.layout["addresses"]))
         name = f"{parent}/nodes/{node_id}"
@@ -147,36 +153,69 @@ class TpuService:
             if self._quota_refusals:  # refused at once, before any operation
                 self._quota_refusals -= 1
                 raise quota_exceeded(QUOTA_LIMIT, ZONE)
-            operation = self._new_operation(name, "create")
+            operation = self.new_operation(name, "create")
             if self._stockouts:
                 self._stockouts -= 1
                 timer = threading.Timer(STOCKOUT_DELAY_S, self._stockout, [operation])
                 timer.daemon = True
                 timer.start()
                 return _copy(operation)
-            node = {
-                "id": str(secrets.randbelow(8 * 10**18) + 10**18),
-                "name": name,
-                "createTime": _now(),
-                "request": request,
-            }
+            try:
+                self.boot(name, node_id, request, lambda node: self._created(operation, node))
+            except ApiError:
+                del self._operations[operation["name"]]
+                raise
+            return _copy(operation)
+
+    def boot(self, name: str, node_id: str, request: dict, on_done) -> dict:
+        """The node record and its slice's creation (nodes.create's, or a queued resource's);
+        `on_done(node)` once the slice is READY or failed. FAILED_PRECONDITION while the slice
+        is still in use."""
+        node = {
+            "id": str(secrets.randbelow(8 * 10**18) + 10**18),
+            "name": name,
+            "createTime": _now(),
+            "request": request,
+        }
+        with self._lock:
             self.slice.store.set_node(**_gce_node(node_id, request))
             try:
-                self.slice.create(
-                    request.get("metadata", {}),
-                    on_done=lambda: self._created(operation, node),
-                    accelerator=request["acceleratorType"],
-                )
+                self.slice.create(request.get("metadata", {}), on_done=lambda: on_done(node),
+                                  accelerator=request["acceleratorType"])  # fmt: skip
             except PodError as err:
-                del self._operations[operation["name"]]
                 raise ApiError("FAILED_PRECONDITION", str(err)) from None
             self._node = node
-            return _copy(operation)
+            return node
+
+    def remove(self, node: dict, on_done) -> None:
+        """Delete `node`'s slice (a queued resource deleted with force); `on_done()` after."""
+
+        def gone() -> None:
+            with self._lock:
+                if self._node is node:
+                    self._node = None
+            on_done()
+
+        try:
+            self.slice.delete(on_done=gone)
+        except PodError as err:
+            raise ApiError("FAILED_PRECONDITION", str(err)) from None
+
+    def live(self, name: str | None = None) -> dict | None:
+        return self._live(name)
+
+    def take_stockout(self) -> bool:
+        """One pending stockout consumed (a queued resource waiting for capacity), if any."""
+        with self._lock:
+            if self._stockouts:
+                self._stockouts -= 1
+                return True
+            return False
 
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         node = self._found(project, zone, node_id)
         with self._lock:
-            operation = self._new_operation(node["name"], "delete")
+            operation = self.new_operation(node["name"], "delete")
         try:
             self.slice.delete(on_done=lambda: self._deleted(operation, node))
         except PodError as err:
@@ -209,7 +248,7 @@ class TpuService:
         ):
             raise ApiError("INVALID_ARGUMENT", "metadata must map strings to strings.")
         with self._lock:
-            operation = self._new_operation(node["name"], "update")
+            operation = self.new_operation(node["name"], "update")
             for name, value in changes.items():
                 if value in (None, {}, []):
                     node["request"].pop(name, None)
@@ -217,7 +256,7 @@ class TpuService:
                     node["request"][name] = value
             if "metadata" in changes:
                 self.slice.update_metadata(node["request"].get("metadata", {}))
-            self._finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
+            self.finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
             return _copy(operation)
 
     def guest_attributes(self, project: str, zone: str, node_id: str, body: dict) -> dict:
@@ -256,8 +295,8 @@ class TpuService:
             return self._quota_refusals
 
     # -- operations --------------------------------------------------------------------------
-    def _new_operation(self, target: str, verb: str) -> dict:
-        parent = target.split("/nodes/")[0]
+    def new_operation(self, target: str, verb: str) -> dict:
+        parent = target.rsplit("/", 2)[0]  # .../nodes/N or .../queuedResources/Q
         stamp = f"{time.time_ns() // 10**6}-{secrets.token_hex(6)}"
         operation = {
             "name": f"{parent}/operations/operation-{stamp}",
@@ -274,34 +313,35 @@ class TpuService:
         self._operations[operation["name"]] = operation
         return operation
 
-    def _finish(self, operation: dict, result: dict) -> None:
+    def finish(self, operation: dict, result: dict) -> dict:
         with self._lock:
             operation["metadata"]["endTime"] = _now()
             operation.update(result, done=True)
+            return _copy(operation)
 
     def _created(self, operation: dict, node: dict) -> None:
         view = self.slice.describe()
         if view["state"] == SliceState.READY:
-            self._finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
+            self.finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
         else:
             message = view["detail"] or f"node is {view['state']}"
-            self._finish(operation, {"error": {"code": RPC_CODE["INTERNAL"], "message": message}})
+            self.finish(operation, {"error": {"code": RPC_CODE["INTERNAL"], "message": message}})
 
     def _deleted(self, operation: dict, node: dict) -> None:
         with self._lock:
             if self._node is node:
                 self._node = None
-        self._finish(operation, {"response": {"@type": EMPTY_TYPE}})
+        self.finish(operation, {"response": {"@type": EMPTY_TYPE}})
 
     def _stockout(self, operation: dict) -> None:
         message = STOCKOUT.format(zone=ZONE, eid=secrets.token_hex(8))
         code = RPC_CODE["RESOURCE_EXHAUSTED"]
-        self._finish(operation, {"error": {"code": code, "message": message}})
+        self.finish(operation, {"error": {"code": code, "message": message}})
 
     def get_operation(self, project: str, zone: str, operation_id: str) -> dict:
-        name = f"{self._location(project, zone)}/operations/{operation_id}"
+        name = f"{self.location(project, zone)}/operations/{operation_id}"
         with self._lock:
             operation = self._operations.get(name)
             if operation is None:
-                raise ApiError("NOT_FOUND", f'Resource "{name}" was not found.')
+                raise not_found(name)
             return _copy(operation)

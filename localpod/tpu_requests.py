@@ -18,6 +18,7 @@ HTTP_STATUS = {
     "NOT_FOUND": 404,
     "ALREADY_EXISTS": 409,
     "RESOURCE_EXHAUSTED": 429,
+    "UNIMPLEMENTED": 501,
 }
 # Node fields a request may set; the output-only ones are ignored, as Google does.
 INPUT_FIELDS = frozenset((
@@ -50,6 +51,11 @@ class ApiError(Exception):
         code = HTTP_STATUS[self.status]
         error = {"code": code, "message": self.message, "status": self.status}
         return {"error": {**error, "details": self.details} if self.details else error}
+
+
+def not_found(name: str) -> ApiError:
+    """NOT_FOUND for a resource name, worded as the TPU API words it."""
+    return ApiError("NOT_FOUND", f'Resource "{name}" was not found.')
 
 
 def quota_exceeded(limit: str, zone: str) -> ApiError:

@@ -53,6 +53,11 @@ class Stockout(ProviderError):
     """The zone has no capacity for the node now: retry later, it is nobody's failure."""
 
 
+class Refused(ProviderError):
+    """A request the TPU API will refuse however often it is sent: permission denied (403) or an
+    invalid request (400). Recovery stops with the line that says what to fix."""
+
+
 class QuotaExceeded(ProviderError):
     """The project's quota for this TPU is spent: a create is retried with backoff, but only
     more quota (or another zone) ends it, so the line names the quota."""
@@ -229,7 +234,14 @@ class TpuProvider:
                 raise gexc.AlreadyExists(err.message) from None
             raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
         except gexc.PermissionDenied:
-            raise ProviderError(PERMISSION_HINT.format(name=self.target.node_name)) from None
+            raise Refused(PERMISSION_HINT.format(name=self.target.node_name)) from None
+        except (gexc.FailedPrecondition, gexc.OutOfRange) as err:  # 400s that a retry can pass
+            raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
+        except gexc.BadRequest as err:  # INVALID_ARGUMENT: the request itself (the node spec)
+            raise Refused(
+                f"TPU API {what} {self.target.node_name} refused the request: "
+                f"{_line(err)}; fix the stack's node spec and deploy again"
+            ) from None
         except gexc.GoogleAPIError as err:
             raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
         except OSError as err:  # requests' ConnectionError is an OSError

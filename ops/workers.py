@@ -258,7 +258,12 @@ def _describe(err: BaseException, worker: Worker) -> str:
             "refused; a different machine answered, or the node was recreated (describe again)"
         )
     if _host_key_refused(err):
-        return f"{worker.host}: no host key in the node's guest attributes: refused"
+        return (
+            f"{worker.host}: no host key in the node's guest attributes: refused (a worker "
+            "publishes it at boot; if none ever does, the org policy "
+            "constraints/compute.disableGuestAttributesAccess may be enforced: ask for an "
+            "exception for this project)"
+        )
     return f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from infra.metadata import BUNDLE_SHA256
 from ops.forensics import capture_hang
 from ops.provider import ProviderError
-from ops.tpu import Stockout
+from ops.tpu import Refused, Stockout
 from ops.watch.api import WatcherApi
 from ops.watch.incident import Incident
 from ops.watch.table import Action, Event
@@ -42,6 +42,8 @@ def create(w: WatcherApi, inc: Incident, detail: str) -> None:
         inc.operation = w.provider.start_create(attempt=w.state.attempt + 1)
     except Stockout as err:
         return w.on(Event.STOCKOUT, str(err))
+    except Refused as err:  # permission or an invalid spec: no retry can pass it
+        raise GiveUp(str(err)) from None
     except ProviderError as err:
         return w.on(Event.FAILED, f"create failed: {err}")
     if inc.operation is None:  # the node exists already (created before a restart)

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from ops.journal import Journal
 from ops.probe import Probe
 from ops.provider import ProviderError
-from ops.tpu import Stockout, TpuProvider
+from ops.tpu import Refused, Stockout, TpuProvider
 from ops.watch import judge
 from ops.watch.actions import ACTIONS, GiveUp
 from ops.watch.conditions import (
@@ -246,6 +246,8 @@ class Watcher:
             result = call()
         except Stockout:
             raise
+        except Refused as err:  # sending it again cannot help: a person must fix it
+            raise GiveUp(str(err)) from None
         except ProviderError as err:
             self.provider_errors += 1
             if self.provider_errors >= MAX_PROVIDER_ERRORS:

@@ -18,6 +18,7 @@ from infra.naming import GCE_NAME, gce_name
         ("v5litepod-16", "v5litepod-16", "v5e", 16, 4, 4, "v2-alpha-tpuv5-lite"),
         ("v5p-8", "v5p-8", "v5p", 4, 1, 4, "v2-alpha-tpuv5"),
         ("v5p-16", "v5p-16", "v5p", 8, 2, 4, "v2-alpha-tpuv5"),
+        ("v5p-32", "v5p-32", "v5p", 16, 4, 4, "v2-alpha-tpuv5"),
         ("v6e-8", "v6e-8", "v6e", 8, 1, 8, "v2-alpha-tpuv6e"),
         ("v6e-16", "v6e-16", "v6e", 16, 4, 4, "v2-alpha-tpuv6e"),
     ],

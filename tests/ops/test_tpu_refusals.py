@@ -1,14 +1,20 @@
 """A create refused with HTTP 429, as google-api-core raises it over REST (TooManyRequests, not
-ResourceExhausted): quota when the body names one, capacity otherwise."""
+ResourceExhausted): quota when the body names one, capacity otherwise. A 403 or an invalid request
+is refused for good: the watcher gives up in one line instead of retrying."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import requests
 from google.api_core import exceptions as gexc
 
-from ops.tpu import QuotaExceeded, Stockout, refused
+from ops.journal import Journal
+from ops.provider import ProviderError
+from ops.target import SshSettings, Target
+from ops.tpu import QuotaExceeded, Refused, Stockout, TpuProvider, refused
+from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
 
 
 def _429(message: str, details: list | None = None) -> gexc.GoogleAPICallError:
@@ -39,3 +45,44 @@ def test_quota_named_in_error_info_or_message_is_quota():
 def test_a_429_for_capacity_is_a_stockout():
     found = refused(_429('There is no more capacity in the zone "us-east5-a"'), "v5p")
     assert isinstance(found, Stockout) and not isinstance(found, QuotaExceeded)
+
+
+def _provider():
+    spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
+    target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
+                    api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
+    return TpuProvider(target)
+
+
+def _raising(err: Exception):
+    def call(**_kwargs):
+        raise err
+
+    return call
+
+
+def test_permission_and_invalid_requests_are_refused_and_a_precondition_is_retried():
+    provider = _provider()
+    with pytest.raises(Refused, match="grant roles/tpu.admin"):
+        provider._call("get", _raising(gexc.PermissionDenied("no")))
+    with pytest.raises(Refused, match="fix the stack's node spec"):
+        provider._call("create", _raising(gexc.InvalidArgument("acceleratorType v9-8")))
+    with pytest.raises(ProviderError) as retried:
+        provider._call("delete", _raising(gexc.FailedPrecondition("node is being created")))
+    assert not isinstance(retried.value, Refused)
+
+
+def test_a_watcher_refused_by_the_api_gives_up_in_one_line_and_is_not_restarted(tmp_path):
+    """Exit 3 (the unit does not restart it): retrying a 403 forever helps nobody."""
+    provider = _provider()
+    calls = []
+
+    def describe():
+        calls.append(1)
+        raise Refused("the caller lacks TPU API rights on n: grant roles/tpu.admin")
+
+    provider.describe = describe
+    journal = Journal(tmp_path / "j.jsonl")
+    assert Watcher(provider, journal, WatchConfig(poll=0.01)).run() == EXIT_GAVE_UP
+    gave_up = [e for e in journal.events if e["event"] == "gave_up"]
+    assert len(calls) == 1 and len(gave_up) == 1 and "roles/tpu.admin" in gave_up[0]["message"]
