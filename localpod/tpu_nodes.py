@@ -9,16 +9,14 @@ whose host count is the pod's worker count: each worker plays one host, with the
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
-import time
-from datetime import UTC, datetime
 
 from localpod.environment import accelerator_type
 from localpod.metadata_server import PROJECT_ID, ZONE, Node
 from localpod.slice import Slice
 from localpod.state import PodError, SliceState
+from localpod.tpu_operations import Operations, copy, now
 from localpod.tpu_requests import (
     ApiError,
     check_node_id,
@@ -29,7 +27,6 @@ from localpod.tpu_requests import (
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
-METADATA_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 NODE_PORT = 8470  # networkEndpoints[].port on Cloud TPU
 QUOTA_LIMIT = "TPUPreemptiblePodPerProjectPerZone"  # the local pod's stand-in quota name
 STOCKOUT_DELAY_S = 0.2  # a stockout is reported by the operation, a moment after the call
@@ -44,15 +41,6 @@ PATCHABLE = ("description", "tags", "labels", "metadata")
 NOT_HERE = ("networkConfig.enableExternalIps", "network_config.enable_external_ips")
 # Where a state's detail is worth telling the client (healthDescription).
 TELL_DETAIL = {SliceState.PREEMPTED, SliceState.TERMINATED}
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def _copy(operation: dict) -> dict:
-    """A deep copy to serve (the original changes when the operation finishes)."""
-    return json.loads(json.dumps(operation))
 
 
 def _gce_node(node_id: str, request: dict) -> dict:
@@ -78,7 +66,7 @@ class TpuService:
         self.accelerator = accelerator_type(len(layout["addresses"]), layout["devices_per_worker"])
         self._lock = threading.RLock()
         self._node: dict | None = None  # {"id", "name", "createTime", "request"}
-        self._operations: dict[str, dict] = {}
+        self.operations = Operations()
         self._stockouts = 0
         self._quota_refusals = 0
 
@@ -153,19 +141,19 @@ class TpuService:
             if self._quota_refusals:  # refused at once, before any operation
                 self._quota_refusals -= 1
                 raise quota_exceeded(QUOTA_LIMIT, ZONE)
-            operation = self.new_operation(name, "create")
+            operation = self.operations.new(name, "create")
             if self._stockouts:
                 self._stockouts -= 1
                 timer = threading.Timer(STOCKOUT_DELAY_S, self._stockout, [operation])
                 timer.daemon = True
                 timer.start()
-                return _copy(operation)
+                return copy(operation)
             try:
                 self.boot(name, node_id, request, lambda node: self._created(operation, node))
             except ApiError:
-                del self._operations[operation["name"]]
+                self.operations.drop(operation)
                 raise
-            return _copy(operation)
+            return copy(operation)
 
     def boot(self, name: str, node_id: str, request: dict, on_done) -> dict:
         """The node record and its slice's creation (nodes.create's, or a queued resource's);
@@ -174,7 +162,7 @@ class TpuService:
         node = {
             "id": str(secrets.randbelow(8 * 10**18) + 10**18),
             "name": name,
-            "createTime": _now(),
+            "createTime": now(),
             "request": request,
         }
         with self._lock:
@@ -215,15 +203,15 @@ class TpuService:
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         node = self._found(project, zone, node_id)
         with self._lock:
-            operation = self.new_operation(node["name"], "delete")
+            operation = self.operations.new(node["name"], "delete")
         try:
             self.slice.delete(on_done=lambda: self._deleted(operation, node))
         except PodError as err:
             with self._lock:
-                del self._operations[operation["name"]]
+                self.operations.drop(operation)
             raise ApiError("FAILED_PRECONDITION", str(err)) from None
         with self._lock:
-            return _copy(operation)
+            return copy(operation)
 
     def patch_node(
         self, project: str, zone: str, node_id: str, update_mask: str, body: dict
@@ -248,7 +236,7 @@ class TpuService:
         ):
             raise ApiError("INVALID_ARGUMENT", "metadata must map strings to strings.")
         with self._lock:
-            operation = self.new_operation(node["name"], "update")
+            operation = self.operations.new(node["name"], "update")
             for name, value in changes.items():
                 if value in (None, {}, []):
                     node["request"].pop(name, None)
@@ -256,8 +244,10 @@ class TpuService:
                     node["request"][name] = value
             if "metadata" in changes:
                 self.slice.update_metadata(node["request"].get("metadata", {}))
-            self.finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
-            return _copy(operation)
+            self.operations.finish(
+                operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}}
+            )
+            return copy(operation)
 
     def guest_attributes(self, project: str, zone: str, node_id: str, body: dict) -> dict:
         self._found(project, zone, node_id)
@@ -295,53 +285,28 @@ class TpuService:
             return self._quota_refusals
 
     # -- operations --------------------------------------------------------------------------
-    def new_operation(self, target: str, verb: str) -> dict:
-        parent = target.rsplit("/", 2)[0]  # .../nodes/N or .../queuedResources/Q
-        stamp = f"{time.time_ns() // 10**6}-{secrets.token_hex(6)}"
-        operation = {
-            "name": f"{parent}/operations/operation-{stamp}",
-            "metadata": {
-                "@type": METADATA_TYPE,
-                "createTime": _now(),
-                "target": target,
-                "verb": verb,
-                "cancelRequested": False,
-                "apiVersion": "v2",
-            },
-            "done": False,
-        }
-        self._operations[operation["name"]] = operation
-        return operation
-
-    def finish(self, operation: dict, result: dict) -> dict:
-        with self._lock:
-            operation["metadata"]["endTime"] = _now()
-            operation.update(result, done=True)
-            return _copy(operation)
-
     def _created(self, operation: dict, node: dict) -> None:
         view = self.slice.describe()
         if view["state"] == SliceState.READY:
-            self.finish(operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}})
+            self.operations.finish(
+                operation, {"response": {"@type": NODE_TYPE, **self.node_json(node)}}
+            )
         else:
             message = view["detail"] or f"node is {view['state']}"
-            self.finish(operation, {"error": {"code": RPC_CODE["INTERNAL"], "message": message}})
+            self.operations.finish(
+                operation, {"error": {"code": RPC_CODE["INTERNAL"], "message": message}}
+            )
 
     def _deleted(self, operation: dict, node: dict) -> None:
         with self._lock:
             if self._node is node:
                 self._node = None
-        self.finish(operation, {"response": {"@type": EMPTY_TYPE}})
+        self.operations.finish(operation, {"response": {"@type": EMPTY_TYPE}})
 
     def _stockout(self, operation: dict) -> None:
         message = STOCKOUT.format(zone=ZONE, eid=secrets.token_hex(8))
         code = RPC_CODE["RESOURCE_EXHAUSTED"]
-        self.finish(operation, {"error": {"code": code, "message": message}})
+        self.operations.finish(operation, {"error": {"code": code, "message": message}})
 
     def get_operation(self, project: str, zone: str, operation_id: str) -> dict:
-        name = f"{self.location(project, zone)}/operations/{operation_id}"
-        with self._lock:
-            operation = self._operations.get(name)
-            if operation is None:
-                raise not_found(name)
-            return _copy(operation)
+        return self.operations.get(f"{self.location(project, zone)}/operations/{operation_id}")

@@ -16,7 +16,8 @@ import threading
 import time
 
 from localpod.state import SliceState
-from localpod.tpu_nodes import TpuService, _copy, _now
+from localpod.tpu_nodes import TpuService
+from localpod.tpu_operations import copy, now
 from localpod.tpu_requests import ApiError, check_node_id, node_request, not_found
 
 QUEUED_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
@@ -77,15 +78,15 @@ class QueuedResources:
             if name in self._requests:
                 raise ApiError("ALREADY_EXISTS", f'Resource "{name}" already exists.')
             record = {
-                "name": name, "createTime": _now(), "body": body, "request": request,
+                "name": name, "createTime": now(), "body": body, "request": request,
                 "node_name": f"{parent}/nodes/{spec['nodeId']}", "node_id": spec["nodeId"],
                 "phase": "ACCEPTED", "error": None, "active": False, "node": None,
                 "deadline": time.time() + until if until else None,
             }  # fmt: skip
             self._requests[name] = record
-            operation = self.nodes.new_operation(name, "create")
+            operation = self.nodes.operations.new(name, "create")
         self._try(record)
-        return self.nodes.finish(operation, {"response": {"@type": QUEUED_TYPE,
+        return self.nodes.operations.finish(operation, {"response": {"@type": QUEUED_TYPE,
                                                           **self._json(record)}})  # fmt: skip
 
     def get_queued_resource(self, project: str, zone: str, queued_resource_id: str) -> dict:
@@ -104,19 +105,19 @@ class QueuedResources:
         if node is not None and not force:
             raise ApiError("FAILED_PRECONDITION", f'Queued resource "{record["name"]}" has a node; '
                            "delete the node first, or delete with force.")  # fmt: skip
-        operation = self.nodes.new_operation(record["name"], "delete")
+        operation = self.nodes.operations.new(record["name"], "delete")
         record["phase"] = "DELETING"
 
         def forget() -> None:
             with self._lock:
                 self._requests.pop(record["name"], None)
-            self.nodes.finish(operation, {"response": {"@type": EMPTY_TYPE}})
+            self.nodes.operations.finish(operation, {"response": {"@type": EMPTY_TYPE}})
 
         if node is None:
             forget()
         else:
             self.nodes.remove(node, forget)
-        return _copy(operation)
+        return copy(operation)
 
     def reset_queued_resource(self, project: str, zone: str, queued_resource_id: str) -> dict:
         raise ApiError("UNIMPLEMENTED", "queuedResources.reset is not offered by the local pod: "

@@ -121,6 +121,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
             return 0
         old = ", ".join(sorted({(b or "none")[:12] for b in stale.values()}))
         state = bucket_state(provider)
+        if held := state.read_hold():  # someone stopped the run: not ours to start again
+            raise CliError(f"the run is held by {held.get('by', 'someone')} "
+                           f"({held.get('reason', 'tpupod stop')}): `tpupod start` first")  # fmt: skip
         who = f"{getpass.getuser()}@{socket.gethostname()}"
         state.write_hold({"by": who, "at": time.time(), "reason": "tpupod rollout"})
         try:

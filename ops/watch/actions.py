@@ -114,7 +114,7 @@ def roll_out(w: WatcherApi, inc: Incident, detail: str) -> None:
     for a preemption (SIGTERM: it saves, a checkpoint boundary), then every worker's startup
     script runs again: it fetches and verifies the bundle, syncs its environment and starts the
     job, which resumes from that save. A later recreate uses the node's spec as it is now."""
-    w.provider.refresh_spec()
+    w.api(w.provider.refresh_spec)  # a TPU API error: journaled, the rollout goes on
     group = w.workers(None)
     inc.started = started = time.time()
     try:
@@ -122,8 +122,9 @@ def roll_out(w: WatcherApi, inc: Incident, detail: str) -> None:
         group.jobctl("clear-locks")
         w.restarted_now()
         group.rerun_startup(timeout=w.config.limits.bootstrap)
-    except WorkerError as err:
+    except WorkerError as err:  # a failure restart's worth: the budget ends a rollout loop
         w.journal.event("error", f"rollout failed: {err}")
+        w.charge(f"rollout failed: {err}")
         return
     bundle = (w.provider.target.metadata.get(BUNDLE_SHA256) or "?")[:12]
     w.milestone("rolled_out", started, f"bundle {bundle} rolled out to every worker",

@@ -101,8 +101,12 @@ def decide_workers(
             return Decision(Event.JOB_FAILED, reason, WorkerCondition.FAILED, verdicts)
     event = CONDITION_EVENTS[worst.condition]
     running = [p.bootstrap_bundle for p in probes]
-    if worst.condition is WorkerCondition.RUNNING and bundle and any(b != bundle for b in running):
-        old = ", ".join(sorted({(b or "none")[:12] for b in running if b != bundle}))
+    # Only workers that say which bundle they run are compared (a bootstrap that names none is
+    # not tpupod's startup script: nothing to roll out onto it).
+    known = bool(running) and all(running)
+    stale = sorted({b[:12] for b in running if known and b != bundle})
+    if worst.condition is WorkerCondition.RUNNING and bundle and stale:
+        old = ", ".join(stale)
         reason = f"the node names bundle {bundle[:12]}; workers run {old}"
         return Decision(Event.NEW_BUNDLE, reason, worst.condition, verdicts)
     limit = CONDITION_DEADLINES.get(worst.condition)

@@ -95,7 +95,6 @@ _JUDGED_ROWS: dict[Event, tuple[Phase | None, Action]] = {  # None: stay in the 
     E.JOB_PREEMPTED: (P.AWAITING_RESUME, A.RESTART_FREE),
     E.ALL_DONE: (P.WATCHING, A.FINISH),
     E.FATAL: (None, A.STOP),
-    E.NEW_BUNDLE: (P.AWAITING_RESUME, A.ROLL_OUT),
 }
 TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.PENDING_RECREATE, E.DUE): (P.AWAITING_DELETE, A.DELETE),
@@ -118,6 +117,8 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.AWAITING_BOOTSTRAP, E.DEADLINE): (P.PENDING_RECREATE, A.REBUILD),
     (P.PENDING_RESTART, E.DUE): (P.AWAITING_RESUME, A.RESTART),
     (P.PENDING_RESTART, E.GONE): (P.WATCHING, A.HAND_BACK),
+    # Only from a calm slice: a recovery (a failed rollout's included) finishes first.
+    (P.WATCHING, E.NEW_BUNDLE): (P.AWAITING_RESUME, A.ROLL_OUT),
     **{(phase, event): (to or phase, action)
        for phase in JUDGED for event, (to, action) in _JUDGED_ROWS.items()},
 }  # fmt: skip

@@ -270,3 +270,24 @@ def test_deadlines_come_from_the_profile_then_the_job_then_the_flags():
     flags = config_for("gcp", Spec, hang=9.0, stall=11.0, max_failures=0, backoff=0.5)
     assert (flags.limits.hang, flags.limits.stall, flags.max_failures, flags.backoff_base) == (
         9.0, 11.0, 0, 0.5)  # fmt: skip
+
+
+def test_a_bundle_the_workers_do_not_run_is_rolled_out_only_onto_a_calm_slice_that_says_its():
+    def booted(index, bundle, **kw):
+        return probe(index, bootstrap={**OK, "bundle_sha256": bundle}, **kw)
+
+    new, old = "b" * 64, "a" * 64
+    d = decide(SliceState.READY, [booted(0, old), booted(1, old)], SINCE, never, LIMITS,
+               bundle=new)  # fmt: skip
+    assert d.event is Event.NEW_BUNDLE and old[:12] in d.reason and new[:12] in d.reason
+    same = decide(SliceState.READY, [booted(0, new), booted(1, new)], SINCE, never, LIMITS,
+                  bundle=new)  # fmt: skip
+    assert same.event is Event.CALM
+    # A bootstrap that names no bundle is not tpupod's startup script: nothing to roll out onto.
+    unnamed = decide(SliceState.READY, [booted(0, old), probe(1)], SINCE, never, LIMITS,
+                     bundle=new)  # fmt: skip
+    assert unnamed.event is Event.CALM
+    # A worker in trouble is recovered first; the rollout waits for a calm slice.
+    crashed = decide(SliceState.READY, [booted(0, old), booted(1, old, alive=False)], SINCE,
+                     never, LIMITS, bundle=new)  # fmt: skip
+    assert crashed.event is Event.JOB_FAILED
