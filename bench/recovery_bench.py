@@ -53,9 +53,6 @@ PHASES = {
     "training": "after compile",
     "first_step": "first step",
 }
-# kind -> the milestone its recovery time counts from, where not the fault. None since issue 23:
-# every kind counts from the fault, a hang's heartbeat limit (HANG_S) included (bench/rules.py).
-FROM: dict[str, str] = {}
 # never reported missing: present only on some paths
 OPTIONAL = {"restarted", "restarting", "trainer_up", "forensics"}
 
@@ -145,9 +142,8 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
         "compile_cache_hit": compiled["json"].get("compile_cache_hit") if compiled else None,
         "milestones": m,
         "phases": phases(m),
-        "fault_to_first_step_s": m["first_step"] - m.get(FROM.get(fault["kind"]), t0)
-        if "first_step" in m
-        else None,
+        # every kind from the fault, a hang's heartbeat limit included (bench/rules.py)
+        "fault_to_first_step_s": m["first_step"] - t0 if "first_step" in m else None,
     }
 
 
@@ -198,17 +194,12 @@ LABELS = {
     "notice": "preemption with notice",
     "kill": "no-notice kill",
     "crash": "crash",
-    "hang": "hang (after detection)",
+    "hang": "hang",
     "save-kill": "kill during a save",
     "stockout": "kill, stockout on recreate",
     "watch-kill": "kill, watch killed mid-recovery",
 }
 RECOVERY_GOAL_S = 15.0
-
-
-def label(kind: str) -> str:
-    """A kind as the recovery rows name it: a hang counted from the fault is just "hang"."""
-    return "hang" if kind == "hang" and "hang" not in FROM else LABELS.get(kind, kind)
 
 
 MIN_EVENTS = 3  # the recovery goal is a median of at least this many events per kind
@@ -246,7 +237,7 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
     kinds = dict.fromkeys(inc["kind"] for inc in result["incidents"])
     for kind in kinds:
         incs = [i for i in result["incidents"] if i["kind"] == kind]
-        what, n = label(kind), len(incs)
+        what, n = LABELS.get(kind, kind), len(incs)
         tag = f"({where})"
         det = [i["phases"]["detection"] for i in incs if "detection" in i["phases"]]
         if det:

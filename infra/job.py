@@ -264,16 +264,25 @@ def _read_files(root: Path) -> dict[str, bytes]:
     return files
 
 
+BUILTIN_RUN = "exec python -m trainer"  # the built-in trainer's run line, before its arguments
+
+
 def builtin(trainer_args: str = "--config tiny") -> Job:
     """The built-in trainer's job (`trainer/tpupod-job.yaml`) with `python -m trainer ARGS` as
     its run; `steps` is what the trainer will train to, for progress and the done rule."""
     template = yaml.safe_load(BUILTIN_FILE.read_text())
     args = trainer_args.strip()
-    template["run"] = f"exec python -m trainer {args}".strip()
+    template["run"] = f"{BUILTIN_RUN} {args}".strip()
     template["steps"] = builtin_steps(args)
     text = yaml.safe_dump(template, sort_keys=False)
     spec = parse(text, f"{BUILTIN_FILE} (rendered for `{args}`)")
     return Job(spec=spec, files={JOB_FILE: text.encode()}, source=f"built-in trainer ({args})")
+
+
+def builtin_args(run: str) -> str | None:
+    """The trainer arguments of a built-in trainer's `run` line; None for any other program."""
+    words, head = shlex.split(run), shlex.split(BUILTIN_RUN)
+    return " ".join(words[len(head) :]) if words[: len(head)] == head else None
 
 
 def builtin_steps(trainer_args: str) -> int | None:

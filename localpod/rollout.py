@@ -6,7 +6,6 @@ pod's TPU API) and node-spec.json follows; the workers keep running until a watc
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 from infra import job as jobs
@@ -16,8 +15,6 @@ from localpod import storage, tpu_client
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState, read_json, write_json
 
-BUILTIN_RUN = "exec python -m trainer"
-
 
 def running_job(pod: LocalPod) -> jobs.Job:
     """The job the node runs, when it is the built-in trainer's (rebuilt from its spec); a job
@@ -26,10 +23,10 @@ def running_job(pod: LocalPod) -> jobs.Job:
     if spec is None:
         raise PodError(f"no node spec {pod.paths.node_spec}: run `tpupod local up`")
     raw = spec["node"].get("metadata", {}).get(metadata.JOB)
-    run = (json.loads(raw) if raw else {}).get("run", "")
-    if not run.startswith(BUILTIN_RUN):
+    args = jobs.builtin_args((json.loads(raw) if raw else {}).get("run", ""))
+    if args is None:
         raise PodError("this pod runs a job from a directory: pass it again with --job DIR")
-    return jobs.builtin(" ".join(shlex.split(run)[len(shlex.split(BUILTIN_RUN)) :]))
+    return jobs.builtin(args)
 
 
 def publish(pod: LocalPod, job: jobs.Job | None = None, root: Path = PROJECT_ROOT) -> dict:

@@ -82,7 +82,7 @@ class TpuService:
             )
         return f"projects/{PROJECT_ID}/locations/{ZONE}"
 
-    def _live(self, name: str | None = None) -> dict | None:
+    def live(self, name: str | None = None) -> dict | None:
         """The node record if a node exists (and has `name`, when given)."""
         with self._lock:
             node = self._node
@@ -92,7 +92,7 @@ class TpuService:
 
     def _found(self, project: str, zone: str, node_id: str) -> dict:
         name = f"{self.location(project, zone)}/nodes/{node_id}"
-        node = self._live(name)
+        node = self.live(name)
         if node is None:
             raise not_found(name)
         return node
@@ -123,7 +123,7 @@ class TpuService:
 
     def list_nodes(self, project: str, zone: str) -> dict:
         self.location(project, zone, listing=True)
-        node = self._live()
+        node = self.live()
         return {"nodes": [self.node_json(node)]} if node else {}
 
     def get_node(self, project: str, zone: str, node_id: str) -> dict:
@@ -135,7 +135,7 @@ class TpuService:
         request = node_request(body, self.accelerator, len(self.layout["addresses"]))
         name = f"{parent}/nodes/{node_id}"
         with self._lock:
-            current = self._live()
+            current = self.live()
             if current is not None:
                 raise ApiError("ALREADY_EXISTS", f'Resource "{current["name"]}" already exists.')
             if self._quota_refusals:  # refused at once, before any operation
@@ -188,9 +188,6 @@ class TpuService:
             self.slice.delete(on_done=gone)
         except PodError as err:
             raise ApiError("FAILED_PRECONDITION", str(err)) from None
-
-    def live(self, name: str | None = None) -> dict | None:
-        return self._live(name)
 
     def take_stockout(self) -> bool:
         """One pending stockout consumed (a queued resource waiting for capacity), if any."""

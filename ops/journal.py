@@ -27,8 +27,8 @@ STYLES = {
     "error": "red",
     "stockout": "yellow",
 }
-# Events kept in the journal but not echoed: every recovery-table transition (ops.watch.table)
-# is there for the record; the milestones above say the same to a person.
+# Events kept in the journal file only (not echoed, not sent to the bucket): every recovery-table
+# transition (ops.watch.table) is there for the record; the milestones say the same to a person.
 QUIET = {"transition"}
 
 
@@ -56,8 +56,8 @@ class Journal:
             if self.path is not None:
                 with self.path.open("a") as out:
                     out.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-        if self.sink is not None:
-            self.sink(record)
+        if self.sink is not None and name not in QUIET:  # one bucket write each: not on the
+            self.sink(record)  # recovery path for a record the milestones already tell
         if self.console is not None:
             echo(self.console, record)
         return record

@@ -24,6 +24,7 @@ from ops.commands import provider_for, ready_workers, stack_options
 from ops.provider import ProviderError, SliceState
 from ops.remote_state import STORAGE_ERRORS, RemoteState
 from ops.tpu import TpuProvider
+from ops.watch.deadlines import GCP
 from ops.workers import WorkerError, WorkerGroup
 
 
@@ -126,17 +127,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                            f"({held.get('reason', 'tpupod stop')}): `tpupod start` first")  # fmt: skip
         who = f"{getpass.getuser()}@{socket.gethostname()}"
         state.write_hold({"by": who, "at": time.time(), "reason": "tpupod rollout"})
+        began = time.time()
         try:
-            restart_job(group, console, start=False)  # the job saves, as for a preemption
-            began = time.time()
-            group.rerun_startup(timeout=1800.0)
-            console.print(f"{'bootstrap':<12} every worker ({time.time() - began:.1f}s)")
+            with console.status("stopping the job (it saves), then the startup script"):
+                group.roll_out(GCP["bootstrap"])
         except WorkerError as err:
             raise CliError(f"rollout of bundle {want[:12]}: {err}; the run stays held "
                            "(`tpupod start` lifts it)") from None  # fmt: skip
         state.clear_hold()
-    console.print(f"bundle {want[:12]} rolled out (was {old}); the job resumes from the "
-                  "checkpoint it saved on stopping")  # fmt: skip
+    console.print(f"bundle {want[:12]} rolled out (was {old}) in {time.time() - began:.1f}s; "
+                  "the job resumes from the checkpoint it saved on stopping")  # fmt: skip
     return 0
 
 

@@ -31,6 +31,7 @@ STOCKOUT_MARKERS = ("no more capacity", "stockout", "insufficient capacity", "re
 RESOURCE_EXHAUSTED = 8
 NOT_FOUND = 5
 CALL_TIMEOUT = 30.0
+RETRIED_400S = {"FAILED_PRECONDITION", "OUT_OF_RANGE"}  # the state, not the request, is wrong
 PERMISSION_HINT = (
     "the caller lacks TPU API rights on {name}: grant roles/tpu.admin (or tpu.nodes.get/create/"
     "delete, tpu.operations.get) and roles/iam.serviceAccountUser on the worker service account"
@@ -123,19 +124,20 @@ class TpuProvider:
         return SliceInfo(state, health, workers, node.health_description or state.value,
                          dict(node.metadata), spot)  # fmt: skip
 
-    def refresh_spec(self, info: SliceInfo | None = None) -> list[str]:
+    def refresh_spec(self) -> list[str]:
         """The live node's metadata into the spec a recreate uses, so it never goes back to an
         older bundle after `pulumi up` (or `tpupod local rollout`) patched the node; returns
-        the keys that changed. A node already gone keeps the spec as it is."""
-        info = info or self.describe()
-        if info.state is SliceState.MISSING or not info.metadata:
+        the keys that changed. One nodes.get; a node already gone keeps the spec as it is."""
+        try:
+            node = self._call("get", self.client.get_node, name=self.target.node_name)
+        except gexc.NotFound:
             return []
-        live = {k: v for k, v in info.metadata.items() if k != metadata.ATTEMPT}
-        node = self.target.spec.setdefault("node", {})
-        kept = {k: v for k, v in (node.get("metadata") or {}).items() if k != metadata.ATTEMPT}
+        live = {k: v for k, v in node.metadata.items() if k != metadata.ATTEMPT}
+        spec_node = self.target.spec.setdefault("node", {})
+        kept = {k: v for k, v in (spec_node.get("metadata") or {}).items() if k != metadata.ATTEMPT}
         changed = sorted(k for k in live.keys() | kept.keys() if live.get(k) != kept.get(k))
-        if changed:
-            node["metadata"] = live
+        if changed and live:
+            spec_node["metadata"] = live
         return changed
 
     def workers(self, node: tpu_v2.Node) -> list[Worker]:
@@ -233,11 +235,13 @@ class TpuProvider:
             if already_exists(err):  # over REST, ALREADY_EXISTS arrives as a plain 409 Conflict
                 raise gexc.AlreadyExists(err.message) from None
             raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
-        except gexc.PermissionDenied:
-            raise Refused(PERMISSION_HINT.format(name=self.target.node_name)) from None
-        except (gexc.FailedPrecondition, gexc.OutOfRange) as err:  # 400s that a retry can pass
-            raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
-        except gexc.BadRequest as err:  # INVALID_ARGUMENT: the request itself (the node spec)
+        except (gexc.Forbidden, gexc.BadRequest) as err:
+            if status_of(err) in RETRIED_400S:  # a 400 a later try can pass (a node busy)
+                raise ProviderError(
+                    f"TPU API {what} {self.target.node_name}: {_line(err)}"
+                ) from None
+            if isinstance(err, gexc.Forbidden):  # over REST a 403 is Forbidden, not its subclass
+                raise Refused(PERMISSION_HINT.format(name=self.target.node_name)) from None
             raise Refused(
                 f"TPU API {what} {self.target.node_name} refused the request: "
                 f"{_line(err)}; fix the stack's node spec and deploy again"
@@ -249,15 +253,23 @@ class TpuProvider:
             raise ProviderError(f"TPU API at {where} unreachable: {_line(err)}") from None
 
 
+def status_of(err: gexc.GoogleAPICallError) -> str | None:
+    """The error's canonical status: gRPC names it in the class, REST only in the body (over
+    REST google-api-core raises the HTTP code's base class: Conflict for ALREADY_EXISTS,
+    BadRequest for FAILED_PRECONDITION, Forbidden for PERMISSION_DENIED)."""
+    try:
+        return err.response.json()["error"]["status"]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        code = getattr(err, "grpc_status_code", None)
+        return code.name if code is not None else None
+
+
 def already_exists(err: gexc.Conflict) -> bool:
-    """A 409 that means ALREADY_EXISTS (not ABORTED): gRPC names it, REST only in the body."""
+    """A 409 that means ALREADY_EXISTS (not ABORTED)."""
     if isinstance(err, gexc.AlreadyExists):
         return True
-    try:
-        status = err.response.json()["error"]["status"]
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return "already exists" in str(err.message).lower()
-    return status == "ALREADY_EXISTS"
+    status = status_of(err)
+    return status == "ALREADY_EXISTS" if status else "already exists" in str(err.message).lower()
 
 
 def make_client(target: Target) -> tpu_v2.TpuClient:

@@ -15,7 +15,7 @@ import shlex
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from fabric import Config, Connection, ThreadingGroup
 from fabric.exceptions import GroupException
@@ -186,10 +186,16 @@ class WorkerGroup:
         self.jobctl("clear-locks")
         self.jobctl("start", attempt=attempt)
 
-    def rerun_startup(self, timeout: float) -> dict[int, Outcome]:
-        """Every worker's startup script again, together (a multi-host job starts as a whole)."""
+    def roll_out(self, timeout: float, before_start: Callable[[], None] | None = None) -> None:
+        """The node's bundle onto these workers: stop the job (SIGTERM: it saves, as for a
+        preemption), clear stale locks, then every worker's startup script again, together
+        (it fetches and verifies the bundle, syncs its environment, starts the job)."""
+        self.jobctl("stop", timeout=None)
+        self.jobctl("clear-locks")
+        if before_start is not None:
+            before_start()
         command = RERUN_STARTUP.format(root=ROOT, script=shlex.quote(RERUN_SCRIPT))
-        return self._checked(self.run(command, timeout=timeout), "startup script")
+        self._checked(self.run(command, timeout=timeout), "startup script")
 
     def probe(self) -> list[Probe]:
         outcomes = self.run(PROBE_SCRIPT, timeout=20.0)

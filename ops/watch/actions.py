@@ -118,10 +118,7 @@ def roll_out(w: WatcherApi, inc: Incident, detail: str) -> None:
     group = w.workers(None)
     inc.started = started = time.time()
     try:
-        group.jobctl("stop", timeout=None)
-        group.jobctl("clear-locks")
-        w.restarted_now()
-        group.rerun_startup(timeout=w.config.limits.bootstrap)
+        group.roll_out(w.config.limits.bootstrap, before_start=w.restarted_now)
     except WorkerError as err:  # a failure restart's worth: the budget ends a rollout loop
         w.journal.event("error", f"rollout failed: {err}")
         w.charge(f"rollout failed: {err}")

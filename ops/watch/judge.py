@@ -103,8 +103,7 @@ def decide_workers(
     running = [p.bootstrap_bundle for p in probes]
     # Only workers that say which bundle they run are compared (a bootstrap that names none is
     # not tpupod's startup script: nothing to roll out onto it).
-    known = bool(running) and all(running)
-    stale = sorted({b[:12] for b in running if known and b != bundle})
+    stale = sorted({b[:12] for b in running if b != bundle}) if all(running) else []
     if worst.condition is WorkerCondition.RUNNING and bundle and stale:
         old = ", ".join(stale)
         reason = f"the node names bundle {bundle[:12]}; workers run {old}"

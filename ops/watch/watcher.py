@@ -133,7 +133,8 @@ class Watcher:
         if info is None:
             return None
         self.probes = []
-        # During a preemption notice the judge needs no SSH round trip: detect at once.
+        # Under a notice or maintenance health the judge needs no SSH round trip (a notice is
+        # detected at once; a node under maintenance is not probed).
         notice = info.health in NOTICE_HEALTH
         if SLICE_ACTIONS[info.state] is SliceAction.CHECK_WORKERS and not notice:
             self.probes = self.workers(info.workers).probe()

@@ -337,3 +337,8 @@ def test_a_rollout_patches_the_node_and_reaches_every_worker(local_pod) -> None:
     same = subprocess.run([*tpupod, "rollout", "--stack", "local", *where], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert same.returncode == 0 and "nothing to roll out" in same.stdout, same.stderr
+    # Without flags `tpupod local rollout` rebuilds the job running (the built-in trainer's, from
+    # its spec): the same bundle, so nothing changes (another job would name another bundle).
+    again = subprocess.run([*tpupod, "local", "rollout", *where], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+    assert again.returncode == 0 and f"bundle {new[:12]} is the node's already" in again.stdout

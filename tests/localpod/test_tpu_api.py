@@ -5,6 +5,7 @@ last one deletes and recreates the module's node."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -198,6 +199,24 @@ def test_localpod_imports_nothing_from_ops() -> None:
     pattern = re.compile(r"^\s*(from ops[ .]|import ops\b)", re.MULTILINE)
     offenders = [p.name for p in (ROOT / "localpod").glob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_a_watcher_refused_by_the_api_gives_up_in_one_line(pod: LocalPod, tmp_path) -> None:
+    """A project the caller has no rights on: the pod's API answers 403 as Google does, and the
+    watcher gives up at once (exit 3, not restarted by its unit) with the line naming the fix,
+    instead of retrying forever. The same watcher on the right project just watches."""
+    from ops.journal import Journal
+    from ops.target import local_target
+    from ops.tpu import TpuProvider
+    from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
+
+    target = dataclasses.replace(local_target(pod.paths.root), project="someone-elses")
+    journal = Journal(tmp_path / "journal.jsonl")
+    assert Watcher(TpuProvider(target), journal, WatchConfig(poll=0.05)).run() == EXIT_GAVE_UP
+    gave_up = [e for e in journal.events if e["event"] == "gave_up"]
+    assert len(gave_up) == 1 and "roles/tpu.admin" in gave_up[0]["message"]
+    assert [e["event"] for e in journal.events] == ["watching", "gave_up"]  # no retry
+    assert TpuProvider(local_target(pod.paths.root)).describe().state == "READY"  # control
 
 
 def test_delete_stockout_then_recreate_is_a_new_vm(pod: LocalPod, tpu, parent, spec) -> None:

@@ -1,6 +1,6 @@
 """A create refused with HTTP 429, as google-api-core raises it over REST (TooManyRequests, not
 ResourceExhausted): quota when the body names one, capacity otherwise. A 403 or an invalid request
-is refused for good: the watcher gives up in one line instead of retrying."""
+is refused for good (the watcher's side, against the pod's real API: tests/localpod/test_tpu_api.py)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,23 @@ import pytest
 import requests
 from google.api_core import exceptions as gexc
 
-from ops.journal import Journal
 from ops.provider import ProviderError
 from ops.target import SshSettings, Target
 from ops.tpu import QuotaExceeded, Refused, Stockout, TpuProvider, refused
-from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
 
 
-def _429(message: str, details: list | None = None) -> gexc.GoogleAPICallError:
+def _rest(code: int, status: str, message: str, details: list | None = None):
+    """An error as google-api-core raises it for a REST answer (the class of the HTTP code)."""
     response = requests.Response()
-    response.status_code = 429
-    error = {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": message}
+    response.status_code = code
+    error = {"code": code, "status": status, "message": message}
     response._content = json.dumps({"error": {**error, "details": details or []}}).encode()
     response.request = requests.Request("POST", "https://tpu.googleapis.com/v2/x").prepare()
     return gexc.from_http_response(response)
+
+
+def _429(message: str, details: list | None = None) -> gexc.GoogleAPICallError:
+    return _rest(429, "RESOURCE_EXHAUSTED", message, details)
 
 
 def test_a_429_is_too_many_requests_and_not_resource_exhausted():
@@ -70,19 +73,15 @@ def test_permission_and_invalid_requests_are_refused_and_a_precondition_is_retri
     with pytest.raises(ProviderError) as retried:
         provider._call("delete", _raising(gexc.FailedPrecondition("node is being created")))
     assert not isinstance(retried.value, Refused)
-
-
-def test_a_watcher_refused_by_the_api_gives_up_in_one_line_and_is_not_restarted(tmp_path):
-    """Exit 3 (the unit does not restart it): retrying a 403 forever helps nobody."""
-    provider = _provider()
-    calls = []
-
-    def describe():
-        calls.append(1)
-        raise Refused("the caller lacks TPU API rights on n: grant roles/tpu.admin")
-
-    provider.describe = describe
-    journal = Journal(tmp_path / "j.jsonl")
-    assert Watcher(provider, journal, WatchConfig(poll=0.01)).run() == EXIT_GAVE_UP
-    gave_up = [e for e in journal.events if e["event"] == "gave_up"]
-    assert len(calls) == 1 and len(gave_up) == 1 and "roles/tpu.admin" in gave_up[0]["message"]
+    # Over REST the classes are the HTTP codes' (Forbidden, BadRequest): the body decides.
+    forbidden = _rest(403, "PERMISSION_DENIED", "Permission denied on resource project p.")
+    assert type(forbidden) is gexc.Forbidden
+    with pytest.raises(Refused, match="grant roles/tpu.admin"):
+        provider._call("get", _raising(forbidden))
+    busy = _rest(400, "FAILED_PRECONDITION", "slice is DELETING")
+    assert type(busy) is gexc.BadRequest
+    with pytest.raises(ProviderError) as retried:
+        provider._call("create", _raising(busy))
+    assert not isinstance(retried.value, Refused)
+    with pytest.raises(Refused, match="node spec"):
+        provider._call("create", _raising(_rest(400, "INVALID_ARGUMENT", "bad acceleratorType")))
