@@ -92,6 +92,7 @@ tpu = TpuSlice(
         metadata=worker_metadata,
         labels=labels,
         enable_external_ips=config.enable_external_ips,
+        capacity=config.capacity,
     ),
     # Workers boot straight into the startup script: NAT, IAM grants and the bundle come first.
     opts=pulumi.ResourceOptions(depends_on=[services, network, identity, code]),

@@ -1,5 +1,5 @@
 """`uv run python -m bench [NAME [flags]]`: NAME is all (the default) or one of trainer, gpu,
-checkpoint, overhead, verify, infra, recovery, job, goodput, cost, faults; `NAME --help` lists its flags.
+checkpoint, overhead, verify, infra, recovery, capacity, job, goodput, cost, faults; `NAME --help` lists its flags.
 `uv run python -m bench report` renders BENCHMARKS.md again from BENCHMARKS.json, running nothing.
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
@@ -42,6 +42,8 @@ DESCRIPTION = {
     "infra": "the Pulumi program's resources and policy findings, per stack",
     "recovery": "seconds from each fault to training again, and steps lost, on the local pod",
     "job": "a user's job under tpupod: overhead against running it directly, and its recovery",
+    "capacity": "recovery through a queued resource vs nodes.create, and the work a no-notice "
+    "kill loses under the time bound",
     "goodput": "a long pod run with faults every --period seconds: goodput and badput",
     "cost": "dollars per useful training hour, spot against on-demand",
     "faults": "the fault campaign: a seeded mix of every fault kind, 0 committed checkpoints lost",

@@ -91,13 +91,15 @@ def run_on_pod(
     after=None,
     job=None,
     warm: bool = False,
+    pod_options: dict | None = None,
 ) -> RunRecord:
     """Runs the job (the built-in trainer's with `trainer_args`, or `job`, an infra.job.Job)
     under watch with a `bench.faults.Schedule(**schedule_kwargs)`; with `reference`, then the
     uninterrupted "reference" and `references` (built-in trainer only); `after(pod)` (its result
     in `checks`) runs on the pod before it goes; `warm`: no fault before the job's environment
     is published (its bytecode in the bucket, as hours of a real run leave it by the first
-    preemption). The pod is always torn down, whatever happens."""
+    preemption); `pod_options`: more LocalPod keywords (create_via). The pod is always torn
+    down, whatever happens."""
     from localpod.demo.reference import read_object
     from localpod.pod import LocalPod
 
@@ -107,6 +109,7 @@ def run_on_pod(
         workers=workers,
         job=job,
         **({"trainer_args": trainer_args} if trainer_args else {}),
+        **(pod_options or {}),
     )
     trainer_args = trainer_args or pod.job.source
     sampler = Sampler(pod.paths.root, workers)

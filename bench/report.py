@@ -38,8 +38,8 @@ class Figure:
 
 
 # Section order: by benchmark (`python -m bench NAME`), then as written.
-BENCH_ORDER = ("trainer", "gpu", "checkpoint", "overhead", "verify", "infra", "recovery", "job",
-               "goodput", "faults", "cost")  # fmt: skip
+BENCH_ORDER = ("trainer", "gpu", "checkpoint", "overhead", "verify", "infra", "recovery",
+               "capacity", "job", "goodput", "faults", "cost")  # fmt: skip
 
 
 def _rank(bench: str) -> int:

@@ -109,6 +109,15 @@ RULES: tuple[Rule, ...] = (
          "interval + a save in flight, every event (bench/steps_lost.py)",
          r"steps lost, (no-notice kill|crash|hang.*) \(recovery run\)$", "bench", stat="every",
          source="issues 15, 18"),
+    # Registered 2026-11-26, before any capacity run (issue 35).
+    Rule("capacity-queued", "capacity", "recovery through a queued resource costs <= 2 s more "
+         "than through nodes.create (difference of the medians of >= 3 no-notice kills each, "
+         "local pod)", r"capacity: queued resource minus nodes.create, fault -> first step$",
+         "<=", 2.0, "s", source="issue 35"),
+    Rule("capacity-max-loss", "capacity", "a no-notice kill loses <= max_loss_minutes (3 s "
+         "here) + 2 s for a save in flight of work, with step-based saves off, every event",
+         r"capacity: no-notice kill, time-bound saves only: seconds of work lost$", "<=", 5.0,
+         "s", stat="every", source="issue 35"),
     Rule("job-overhead", "job", "a user's job under tpupod / run directly <= 1.03 (ratio of "
          "medians, interleaved rounds)", r"job overhead: .* under tpupod / run directly", "<=",
          1.03, "x", source="issue 33"),

@@ -141,6 +141,14 @@ def recovery_figs(a, console) -> list[Figure]:
     return recovery_bench.figures(r)
 
 
+def capacity_figs(a, console) -> list[Figure]:
+    from bench import capacity_bench
+
+    r = capacity_bench.run(OUT, rounds=a.rounds, min_steps=a.min_steps, console=console)
+    save("capacity", r)
+    return capacity_bench.figures(r)
+
+
 def verify_figs(a, console) -> list[Figure]:
     """What a restore's manifest checks cost, tiny and small, on the pod's GCS emulator."""
     from bench import verify_bench
@@ -231,6 +239,7 @@ RUNNERS = {
     "verify": verify_figs,
     "infra": infra_figs,
     "recovery": recovery_figs,
+    "capacity": capacity_figs,
     "job": job_figs,
     "goodput": goodput_figs,
     "cost": cost_figs,

@@ -324,11 +324,12 @@ phase_clear_stale() {
 }
 
 phase_job_env() {
-  local env="$TPUPOD_ROOT/job.env" coordinator_ip count grace attempt=1
+  local env="$TPUPOD_ROOT/job.env" coordinator_ip count grace max_loss attempt=1
   coordinator_ip=$(cut -d, -f1 <<<"$MD_ENDPOINTS" | awk -F: '{print $NF}')
   count=$(tr ',' '\n' <<<"$MD_ENDPOINTS" | grep -c .)
   [ -n "$coordinator_ip" ] || die "worker-network-endpoints has no address: $MD_ENDPOINTS"
   grace=$(job_field grace_s)
+  max_loss=$(job_field max_loss_minutes)
   # The job contract (README, "Bring your own program"): the same names on GCP and the local pod.
   {
     echo "TPUPOD_RUN_ID=$MD_RUN_ID"
@@ -339,6 +340,7 @@ phase_job_env() {
     echo "TPUPOD_CHECKPOINT_DIR=$MD_RUN_DIR/checkpoints"
     echo "TPUPOD_STATUS_FILE=$TPUPOD_ROOT/status.json"
     echo "TPUPOD_GRACE_S=$grace"
+    echo "TPUPOD_MAX_LOSS_S=$(awk -v m="${max_loss:-5}" 'BEGIN { printf "%d", m * 60 }')"
     echo "TPUPOD_COMPILE_CACHE=${MD_COMPILE_CACHE:-off}"
     echo "GCE_METADATA_HOST=$GCE_METADATA_HOST"
     # Storage emulator access (local pod) travels through the standard variables only.

@@ -21,17 +21,19 @@ from infra.config_checks import (
     NAMESPACE,
     ConfigError,
     check_bucket_name,
+    check_create_via,
     check_data_location,
     check_provisioning,
     check_ssh_cidr,
     check_subnet,
+    check_zones,
 )
 from infra.metadata import DEFAULT_COORDINATOR_PORT
 from infra.security import SOFT_DELETE_DAYS_DEFAULT, SOFT_DELETE_DAYS_RANGE
 from trainer.config import PRESETS
 
 Provisioning = Literal["spot", "preemptible", "on-demand", "reserved"]
-_LIST_KEYS = {"sshSourceRanges"}
+_LIST_KEYS = {"sshSourceRanges", "zones"}
 DATA_PREFIX = "data/"  # where a stack's own bucket keeps prepared data (infra.identity grants it)
 # The watcher VM (infra/watcher.py): small shared-core and general-purpose types are enough for a
 # loop that polls one API and a few SSH sessions; e2-small is the default.
@@ -52,6 +54,12 @@ class StackConfig(BaseModel):
     zone: str | None = None
     runtime_version: str | None = Field(default=None, alias="runtimeVersion")
     provisioning: Provisioning = "spot"
+    # Recovery: where the slice may be recreated, in order (default: its zone), and how it asks
+    # for capacity: a queued resource (Google's recommendation) or nodes.create.
+    zones: tuple[str, ...] = ()
+    create_via: str = Field(default="queued", alias="createVia")
+    queue_valid_hours: float | None = Field(default=None, gt=0, alias="queueValidHours")
+    reservation: str | None = None  # a reservation's name, for provisioning: reserved
     # The job every worker runs: a directory (relative to the repository) with tpupod-job.yaml;
     # without one, the built-in trainer's job, shaped by preset, steps, trainerArgs and data.
     job: str | None = None
@@ -171,6 +179,16 @@ class StackConfig(BaseModel):
     def _one_provisioning_mode(cls, value: Any) -> Any:
         return check_provisioning(value)
 
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zone_list(cls, value: Any) -> Any:
+        return _decode_list(value) if isinstance(value, str) else value
+
+    @field_validator("create_via", mode="before")
+    @classmethod
+    def _create_via(cls, value: Any) -> str:
+        return check_create_via(value)
+
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, value: str) -> str:
@@ -221,6 +239,11 @@ class StackConfig(BaseModel):
                 "zone",
                 f"{self.zone} does not offer {generation}; use one of {', '.join(accelerator.zones)}",
             )
+        object.__setattr__(self, "zones", check_zones(self.zones, self.zone,
+                                                      accelerator.zones, generation))  # fmt: skip
+        if self.reservation and self.provisioning != "reserved":
+            raise ConfigError("reservation", f"names a reservation, but tpupod:provisioning is "
+                              f"{self.provisioning}; set it to reserved or remove the key")  # fmt: skip
         runtime_generation = (
             catalog.generation_of_runtime(self.runtime_version) if self.runtime_version else None
         )
@@ -255,7 +278,18 @@ class StackConfig(BaseModel):
 
     @property
     def resolved_zone(self) -> str:
-        return self.zone or self.accelerator.zones[0]
+        return self.zone or (self.zones or self.accelerator.zones)[0]
+
+    @property
+    def capacity(self) -> dict[str, Any]:
+        """How recovery asks for the slice: the node spec's `capacity` (ops.target.Target)."""
+        valid = self.queue_valid_hours
+        return {
+            "via": self.create_via,
+            "zones": list(self.zones or (self.resolved_zone,)),
+            "valid_for_s": valid * 3600 if valid else None,
+            "reservation": self.reservation,
+        }
 
     @property
     def region(self) -> str:

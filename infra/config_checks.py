@@ -102,3 +102,44 @@ def check_bucket_name(name: str, key: str = "bucketName") -> None:
         problem = "names may not look like an IP address; pick another name"
     if problem:
         raise ConfigError(key, f"{name!r} is not a valid bucket name; {problem}")
+
+
+CREATE_VIAS = ("queued", "direct")  # how recovery asks for the slice (ops.tpu, ops.queued)
+
+
+def check_zones(zones: tuple[str, ...], zone: str | None, offered: tuple[str, ...],
+                generation: str) -> tuple[str, ...]:  # fmt: skip
+    """`tpupod:zones`: where recovery may put the slice, in order. Each must offer the TPU, and
+    all lie in the stack's one region: the subnet and Cloud NAT the stack declares are regional,
+    and a zone outside them would leave the workers with no network (nor a cheap path to the
+    bucket). `tpupod:zone`, when set too, must be one of them."""
+    zones = tuple(dict.fromkeys(str(z).strip() for z in zones if str(z).strip()))
+    if not zones:
+        return ()
+    for z in zones:
+        if z not in offered:
+            raise ConfigError("zones", f"{z} does not offer {generation}; use zones of "
+                              f"{', '.join(offered)}")  # fmt: skip
+    home = zone or zones[0]
+    if zone is not None and zone not in zones:
+        raise ConfigError("zones", f"tpupod:zone {zone} is not in the list; put it first (it is "
+                          "where the slice starts) or remove tpupod:zone")  # fmt: skip
+    region = region_of(home)
+    for z in zones:
+        if region_of(z) != region:
+            raise ConfigError("zones", f"{z} is in {region_of(z)}, but the stack's network "
+                              f"(subnet, Cloud NAT) is in {region}; list zones of {region} only, "
+                              "or deploy another stack in that region")  # fmt: skip
+    return zones
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def check_create_via(value: Any) -> str:
+    via = str(value).strip().lower()
+    if via not in CREATE_VIAS:
+        raise ConfigError("createVia", f"{value!r}: use queued (a queued resource, as Google "
+                          "recommends) or direct (nodes.create)")  # fmt: skip
+    return via

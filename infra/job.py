@@ -100,6 +100,9 @@ class JobSpec(BaseModel):
     progress: Literal["status", "none"] | RegexProgress = "status"
     exit_codes: ExitCodes = Field(default_factory=ExitCodes)
     grace_s: int = Field(default=60, gt=0)  # whole seconds: systemd's and jobctl's unit
+    # A preemption may come with no notice (GCP gives none on maintenance): the job saves at
+    # least this often, so such a kill costs at most this much work (TPUPOD_MAX_LOSS_S).
+    max_loss_minutes: float = Field(default=5.0, gt=0)
 
     @field_validator("run")
     @classmethod

@@ -119,10 +119,17 @@ def node_json(
 
 
 def node_spec(
-    node: NodeDeclaration, *, network: str, subnetwork: str, service_account_email: str
+    node: NodeDeclaration,
+    *,
+    network: str,
+    subnetwork: str,
+    service_account_email: str,
+    capacity: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Contract 2: `TpuClient.create_node(parent=..., node_id=..., node=Node.from_json(...))`."""
+    """Contract 2: `TpuClient.create_node(parent=..., node_id=..., node=Node.from_json(...))`,
+    and `capacity`: how recovery asks for it (queued or direct, the zones in order)."""
     return {
+        "capacity": dict(capacity or {"via": "direct", "zones": [node.zone]}),
         "parent": node.parent,
         "node_id": node.name,
         "node": node_json(

@@ -38,6 +38,7 @@ class TpuSliceArgs:
     metadata: dict[str, str]
     labels: dict[str, str] = field(default_factory=dict)
     enable_external_ips: bool = False
+    capacity: dict[str, Any] | None = None  # how recovery asks for the slice (node spec)
 
 
 class TpuSlice(pulumi.ComponentResource):
@@ -102,6 +103,7 @@ class TpuSlice(pulumi.ComponentResource):
                 network=resolved[0],
                 subnetwork=resolved[1],
                 service_account_email=resolved[2],
+                capacity=args.capacity,
             )
         )
         endpoints = self.node.network_endpoints

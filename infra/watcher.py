@@ -38,12 +38,17 @@ NODE_SPEC_KEY = "tpupod-node-spec"
 UNIT_KEY = "tpupod-watcher-unit"
 IMAGE = "debian-cloud/debian-12"
 # What `ops.tpu.TpuProvider` calls: nodes get (and getGuestAttributes), list, create, delete,
-# operations get. https://cloud.google.com/iam/docs/roles-permissions/tpu
+# queued resources get, create, delete (ops.queued), operations get.
+# https://cloud.google.com/iam/docs/roles-permissions/tpu (IAM keeps the collection's camelCase)
 TPU_PERMISSIONS = (
     "tpu.nodes.get",
     "tpu.nodes.list",
     "tpu.nodes.create",
     "tpu.nodes.delete",
+    "tpu.queuedResources.get",
+    "tpu.queuedResources.list",
+    "tpu.queuedResources.create",
+    "tpu.queuedResources.delete",
     "tpu.operations.get",
 )
 PROJECT_ROLES = (

@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infra import job as jobs
+from infra.config_checks import CREATE_VIAS
 from localpod import tpu_client
+from localpod.metadata_server import ZONES
 from localpod.pod import LocalPod
 from localpod.state import PodError
 
@@ -92,6 +94,9 @@ def _up(args: argparse.Namespace) -> int:
         startup_script=script,
         job=job,
         run_id=args.run_id,
+        create_via=args.create_via,
+        spot=not args.on_demand,
+        queue_first=True,
     )
     console = Console()
     started = time.monotonic()
@@ -174,6 +179,17 @@ def _call(args: argparse.Namespace, action) -> int:
     return 0
 
 
+def _maintenance(args: argparse.Namespace) -> int:
+    if args.seconds < 0:
+        raise PodError("--seconds must be >= 0")
+
+    def maintain(pod: LocalPod) -> str:
+        info = pod.maintenance(args.seconds)
+        return f"slice {info.state}, {info.health} after {args.seconds:g} s of host maintenance"
+
+    return _call(args, maintain)
+
+
 def _preempt(args: argparse.Namespace) -> int:
     if args.notice < 0:
         raise PodError("--notice must be >= 0")
@@ -208,12 +224,12 @@ def _secret(args: argparse.Namespace) -> int:
 def _stockout(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise PodError("--count must be >= 1")
+    where = f" in {args.zone}" if args.zone else ""
     if args.quota:
-        return _call(args, lambda pod: f"next {pod.inject_quota(args.count)} create(s) will be "
-                     "refused for quota (HTTP 429)")  # fmt: skip
-    return _call(
-        args, lambda pod: f"next {pod.inject_stockout(args.count)} create(s) will be stocked out"
-    )
+        return _call(args, lambda pod: f"next {pod.inject_quota(args.count, args.zone)} "
+                     f"create(s){where} will be refused for quota (HTTP 429)")  # fmt: skip
+    return _call(args, lambda pod: f"next {pod.inject_stockout(args.count, args.zone)} "
+                 f"create(s){where} will be stocked out (a queued resource waits)")  # fmt: skip
 
 
 def _storage_faults(args: argparse.Namespace) -> int:
@@ -258,6 +274,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--watcher", action="store_true", help="also start the watcher VM (recovers the slice)"
     )
+    up.add_argument(
+        "--on-demand", action="store_true",
+        help="an on-demand node (default spot): host maintenance reboots it, not ends it",
+    )  # fmt: skip
+    up.add_argument(
+        "--create-via", choices=CREATE_VIAS, default="queued",
+        help="how the slice is created (here, and by recovery, as tpupod:createVia): a queued "
+        "resource (Google's recommendation) or nodes.create [queued]",
+    )  # fmt: skip
     up.set_defaults(func=_up)
 
     rollout = sub.add_parser(
@@ -289,6 +314,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     preempt.add_argument("--no-wait", action="store_true", help="return before PREEMPTED")
     preempt.set_defaults(func=_preempt)
+    maintenance = sub.add_parser(
+        "maintenance", parents=[pod_dir],
+        help="GCE host maintenance: an on-demand node reboots (its job starts at boot), a spot "
+        "node is preempted",
+    )  # fmt: skip
+    maintenance.add_argument("--seconds", type=float, default=5.0, help="how long it lasts [5]")
+    maintenance.set_defaults(func=_maintenance)
 
     for name, func, what in (("crash", _crash, "SIGKILL"), ("hang", _hang, "SIGSTOP")):
         parser = sub.add_parser(
@@ -309,6 +341,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "stockout", parents=[pod_dir], help="fail the next create(s) with RESOURCE_EXHAUSTED"
     )
     stockout.add_argument("--count", type=int, default=1, help="creates to fail")
+    stockout.add_argument("--zone", choices=ZONES, help="only in this zone [any zone]")
     stockout.add_argument(
         "--quota", action="store_true",
         help="refuse at once with HTTP 429 naming a quota, as a spent quota does",

@@ -204,7 +204,7 @@ def endpoints(paths: PodPaths, layout: dict, tpu_api: str, bucket: str) -> dict:
 
 
 class _ApiHandler(BaseHTTPRequestHandler):
-    """describe (GET); preempt / crash / hang / stockout / shutdown (POST). Nodes are created
+    """describe (GET); preempt / maintenance / crash / hang / stockout / shutdown (POST). Nodes are created
     and deleted through the TPU API."""
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002
@@ -230,12 +230,17 @@ class _ApiHandler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         actions = {
             "/stockout": lambda: {
-                "pending": ctl.tpu.service.inject_stockout(int(query.get("count", "1")))
+                "pending": ctl.tpu.service.inject_stockout(
+                    int(query.get("count", "1")), query.get("zone")
+                )
             },
             "/quota": lambda: {
-                "pending": ctl.tpu.service.inject_quota(int(query.get("count", "1")))
+                "pending": ctl.tpu.service.inject_quota(
+                    int(query.get("count", "1")), query.get("zone")
+                )
             },
             "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "0"))),
+            "/maintenance": lambda: ctl.slice.maintain(float(query.get("seconds", "5"))),
             "/crash": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGKILL)},
             "/hang": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGSTOP)},
             "/shutdown": ctl.stop.set,

@@ -31,13 +31,17 @@ KINDS: dict[str, FaultKind] = {
                       "goes stale)", "hang", lambda pod, notice, worker: pod.hang(worker)),
     "save-kill": FaultKind("preemption without notice while a worker's job is saving",
                            "preemption", _preempt),
-    "stockout": FaultKind("preemption ({notice:g} s notice), and the first re-create meets a "
-                          "stockout", "preemption",
-                          lambda pod, notice, worker: (pod.inject_stockout(1),
-                                                       _preempt(pod, notice, worker))),
+    "stockout": FaultKind("preemption ({notice:g} s notice), and the slice's zone has no "
+                          "capacity for a while: the recreate goes to the next zone",
+                          "preemption", lambda pod, notice, worker: (
+                              pod.inject_stockout(STOCKOUT_CREATES, zone="node"),
+                              _preempt(pod, notice, worker))),
     "watch-kill": FaultKind("preemption without notice, and the watch dies mid-recovery (a new "
                             "one goes on from incident.json)", "preemption", _preempt),
 }  # fmt: skip
+# Creates the slice's zone refuses: a queued resource takes one a second while it waits, so this
+# outlasts the local watcher's zone patience (ops.watch.deadlines, 3 s) and the slice moves on.
+STOCKOUT_CREATES = 6
 ONLY_WHILE_SAVING = {"save-kill"}  # injected only while some worker's job is saving
 KILLS_WATCH = {"watch-kill"}  # the watch dies mid-recovery (bench.faults.WatchKilled)
 

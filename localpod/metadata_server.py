@@ -24,6 +24,7 @@ TOKEN_LIFETIME_S = 3599
 PROJECT_ID = "tpupod-local"
 PROJECT_NUMBER = "1234"
 ZONE = "local-a"
+ZONES = (ZONE, "local-b")  # the pod's region "local": its one slice may be created in either
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 MAX_WAIT_S = 3600.0
 # Recursive JSON spells GCE's own names in camelCase; the entries of these keep their names.
@@ -52,6 +53,9 @@ class MetadataStore:
         self.cond = threading.Condition()
         self._attributes: dict[int, dict[str, str]] = {}
         self._preempted = False
+        self.maintenance_event = (
+            "NONE"  # GCE: NONE, or TERMINATE_ON_HOST_MAINTENANCE while it lasts
+        )
         self.hostnames: dict[int, str] = {}
         self.node = Node()
 
@@ -83,6 +87,11 @@ class MetadataStore:
             self._preempted = value
             self.cond.notify_all()
 
+    def set_maintenance_event(self, value: str) -> None:
+        with self.cond:
+            self.maintenance_event = value
+            self.cond.notify_all()
+
     def tree(self, index: int) -> dict:
         """Worker `index`'s whole metadata tree: dicts are directories, str/list are values."""
         with self.cond:
@@ -100,6 +109,7 @@ class MetadataStore:
                     "name": name,
                     "zone": f"projects/{node.project_number}/zones/{node.zone}",
                     "preempted": "TRUE" if self._preempted else "FALSE",
+                    "maintenance-event": self.maintenance_event,
                     "service-accounts": {"default": account, node.service_account: account},
                 },
                 "project": {"project-id": node.project, "numeric-project-id": node.project_number},

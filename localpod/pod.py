@@ -31,6 +31,7 @@ from infra.bundle_archive import build_bundle
 from infra.job import Job, builtin, check_run_id, new_run_id
 from localpod import procs, secret_manager, storage, storage_faults, tpu_client
 from localpod.environment import accelerator_type, pod_metadata
+from localpod.metadata_server import ZONES
 from localpod.state import (
     PROJECT_ROOT,
     PodError,
@@ -82,11 +83,18 @@ class LocalPod:
         run_id: str | None = None,
         bucket: str = DEFAULT_BUCKET,
         stack: str = STACK,
+        create_via: str = "queued",
+        zones: tuple[str, ...] = ZONES,
+        spot: bool = True,
+        queue_first: bool = False,
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
         infra.metadata.startup_script(); read once by `up` into the node spec. `job`: what the
         workers run (default: the built-in trainer's job with `trainer_args`); `run_id`: the
-        run's id (default: a new run)."""
+        run's id (default: a new run). `create_via` and `zones`: how recovery asks for the
+        slice (the spec's `capacity`, as a stack's tpupod:createVia and tpupod:zones); `spot`:
+        a spot node (else on-demand: host maintenance reboots it instead of ending it);
+        `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`)."""
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
@@ -96,6 +104,9 @@ class LocalPod:
         self.run_id = check_run_id(run_id) if run_id else new_run_id()
         self.bucket = bucket
         self.stack = stack
+        self.capacity = {"via": create_via, "zones": list(zones)}
+        self.spot = spot
+        self.queue_first = queue_first and create_via == "queued"
         self._controller: subprocess.Popen | None = None
         self._controller_start: int | None = None
 
@@ -234,12 +245,13 @@ class LocalPod:
         )
         endpoints = self.endpoints()
         spec = {
+            "capacity": self.capacity,
             "parent": f"projects/{endpoints['project']}/locations/{endpoints['zone']}",
             "node_id": endpoints["node"],
             "node": {
                 "acceleratorType": accelerator_type(self.workers, self.devices_per_worker),
                 "runtimeVersion": "tpu-ubuntu2204-base",
-                "schedulingConfig": {"spot": True},
+                "schedulingConfig": {"spot": True} if self.spot else {},
                 "labels": {"tpupod-stack": self.stack},
                 "metadata": node_metadata,
             },
@@ -298,11 +310,14 @@ class LocalPod:
         return info
 
     def create(self, wait: bool = True, timeout: float = 180.0) -> PodInfo:
-        """nodes.create from node-spec.json, through the TPU API like any client."""
+        """The node from node-spec.json, through the TPU API like any client: nodes.create, as
+        `pulumi up`'s V2Vm does, or a queued resource (`queue_first`, `tpupod local up`'s
+        default), as recovery files one."""
         spec = read_json(self.paths.node_spec)
         if spec is None:
             raise PodError(f"no node spec {self.paths.node_spec}: run `tpupod local up`")
-        tpu_client.create_node(self.endpoints(), spec, timeout=timeout if wait else None)
+        make = tpu_client.create_queued if self.queue_first else tpu_client.create_node
+        make(self.endpoints(), spec, timeout=timeout if wait else None)
         return self.describe()
 
     def delete(self, wait: bool = True, timeout: float = 60.0) -> PodInfo:
@@ -314,13 +329,17 @@ class LocalPod:
         """A secret the pod's Secret Manager serves (localpod.secret_manager), up or not."""
         secret_manager.write_secret(self.paths.root / "secrets", name, data)
 
-    def inject_stockout(self, count: int = 1) -> int:
-        """The next `count` creates fail with RESOURCE_EXHAUSTED; returns how many are pending."""
-        return self._request("POST", f"/stockout?count={count}")["pending"]
+    def inject_stockout(self, count: int = 1, zone: str | None = None) -> int:
+        """The next `count` creates (in `zone`; None: any zone) fail with RESOURCE_EXHAUSTED
+        (a queued resource waits instead); returns how many are pending there."""
+        where = f"&zone={zone}" if zone else ""
+        return self._request("POST", f"/stockout?count={count}{where}")["pending"]
 
-    def inject_quota(self, count: int = 1) -> int:
-        """The next `count` creates are refused at once for quota (HTTP 429, as Google does)."""
-        return self._request("POST", f"/quota?count={count}")["pending"]
+    def inject_quota(self, count: int = 1, zone: str | None = None) -> int:
+        """The next `count` creates (in `zone`; None: any) are refused at once for quota (HTTP
+        429, as Google does)."""
+        where = f"&zone={zone}" if zone else ""
+        return self._request("POST", f"/quota?count={count}{where}")["pending"]
 
     def storage_faults(self, plan: dict | None = None) -> dict:
         """The bucket's injected faults (localpod.storage_faults): the report, after replacing
@@ -344,6 +363,19 @@ class LocalPod:
     def preempt(self, notice: float = 0.0, wait: bool = True) -> PodInfo:
         info = _info(self._request("POST", f"/preempt?notice={notice}"))
         return self.wait_for({SliceState.PREEMPTED}, notice + 30) if wait else info
+
+    def maintenance(self, seconds: float = 5.0, wait: bool = True) -> PodInfo:
+        """GCE host maintenance (localpod.slice.Slice.maintain): an on-demand node reboots after
+        `seconds` with its disk, a spot node is preempted. Waits until READY and HEALTHY again."""
+        self._request("POST", f"/maintenance?seconds={seconds}")
+        if not wait:
+            return self.describe()
+        deadline = time.monotonic() + seconds + 60
+        while (info := self.describe()).health != "HEALTHY" or info.state is not SliceState.READY:
+            if time.monotonic() > deadline or info.state is not SliceState.READY:
+                raise PodError(f"slice {info.state} ({info.health}) after maintenance")
+            time.sleep(0.1)
+        return info
 
     def crash(self, worker: int) -> int:
         """SIGKILL the job's process group on `worker` (the group of the pid in

@@ -227,8 +227,8 @@ class Slice:
 
         def begin() -> None:
             self._busy = True  # READY while the notice runs; dying agents are expected
-            self.store.set_preempted(True)
-            self.health, self.detail = "UNHEALTHY_MAINTENANCE", f"preemption notice {notice:g} s"
+            self.store.set_preempted(True)  # as GCE: the flag and SIGTERM, the node stays READY
+            self.detail = f"preemption notice {notice:g} s"
 
         self._start_op("preempt", {SliceState.READY}, lambda: self._preempt(notice), begin)
 
@@ -237,6 +237,42 @@ class Slice:
         with self._lock:
             self._busy = False
             self._set(SliceState.PREEMPTED, detail=f"notice was {notice:g} s")
+
+    def maintain(self, seconds: float) -> None:
+        """GCE host maintenance of a node that is not spot: health UNHEALTHY_MAINTENANCE and
+        metadata `maintenance-event` TERMINATE_ON_HOST_MAINTENANCE while it lasts; every VM shuts
+        down (SIGTERM, then what is left killed) and boots again after `seconds` on the same disk,
+        host key and instance name, running its startup script again. A spot node is not
+        maintained but ended (GCE stops spot VMs for host maintenance): preempted, no notice."""
+        if self.store.node.preemptible:
+            return self.preempt(notice=0.0)
+
+        def begin() -> None:
+            self._busy = True
+            self.store.set_maintenance_event("TERMINATE_ON_HOST_MAINTENANCE")
+            self.health, self.detail = "UNHEALTHY_MAINTENANCE", f"host maintenance {seconds:g} s"
+
+        self._start_op("maintain", {SliceState.READY}, lambda: self._maintain(seconds), begin)
+        return None
+
+    def _maintain(self, seconds: float) -> None:
+        self._stop_agents(grace=DELETE_GRACE_S)
+        time.sleep(seconds)
+        for index in range(len(self.layout["addresses"])):
+            popen = worker_vm.start_agent(self.paths, index)
+            with self._lock:
+                self._agents[index] = Agent(index, popen)
+        try:
+            self._wait_ready()
+        except PodError as err:
+            with self._lock:
+                self._busy = False
+                self._set(SliceState.TERMINATED, detail=f"reboot after maintenance failed: {err}")
+            return
+        self.store.set_maintenance_event("NONE")
+        with self._lock:
+            self._busy = False
+            self.health, self.detail = "HEALTHY", None
 
     def signal_job(self, index: int, sig: int) -> int:
         """SIGKILL (crash) or SIGSTOP (hang) worker `index`'s job: the group of job.pid."""

@@ -13,7 +13,7 @@ import secrets
 import threading
 
 from localpod.environment import accelerator_type
-from localpod.metadata_server import PROJECT_ID, ZONE, Node
+from localpod.metadata_server import PROJECT_ID, ZONES, Node
 from localpod.slice import Slice
 from localpod.state import PodError, SliceState
 from localpod.tpu_operations import Operations, copy, now
@@ -43,13 +43,14 @@ NOT_HERE = ("networkConfig.enableExternalIps", "network_config.enable_external_i
 TELL_DETAIL = {SliceState.PREEMPTED, SliceState.TERMINATED}
 
 
-def _gce_node(node_id: str, request: dict) -> dict:
+def _gce_node(node_id: str, zone: str, request: dict) -> dict:
     """What the workers' metadata server tells about the node (tpu-env, service account)."""
     scheduling = request.get("schedulingConfig") or {}
     account = request.get("serviceAccount") or {}
     default = Node()
     return {
         "node_id": node_id,
+        "zone": zone,
         "runtime_version": request.get("runtimeVersion", ""),
         "preemptible": bool(scheduling.get("spot") or scheduling.get("preemptible")),
         "service_account": account.get("email") or default.service_account,
@@ -67,8 +68,8 @@ class TpuService:
         self._lock = threading.RLock()
         self._node: dict | None = None  # {"id", "name", "createTime", "request"}
         self.operations = Operations()
-        self._stockouts = 0
-        self._quota_refusals = 0
+        self._stockouts: dict[str | None, int] = {}  # zone (None: any) -> creates to refuse
+        self._quota_refusals: dict[str | None, int] = {}
 
     # -- names -------------------------------------------------------------------------------
     def location(self, project: str, zone: str, listing: bool = False) -> str:
@@ -76,11 +77,11 @@ class TpuService:
             raise ApiError(
                 "PERMISSION_DENIED", f'Permission denied on resource project "{project}".'
             )
-        if zone != ZONE and not (listing and zone == "-"):
+        if zone not in ZONES and not (listing and zone == "-"):
             raise ApiError(
                 "NOT_FOUND", f'Location "projects/{project}/locations/{zone}" not found.'
             )
-        return f"projects/{PROJECT_ID}/locations/{ZONE}"
+        return f"projects/{PROJECT_ID}/locations/{zone}"
 
     def live(self, name: str | None = None) -> dict | None:
         """The node record if a node exists (and has `name`, when given)."""
@@ -124,7 +125,8 @@ class TpuService:
     def list_nodes(self, project: str, zone: str) -> dict:
         self.location(project, zone, listing=True)
         node = self.live()
-        return {"nodes": [self.node_json(node)]} if node else {}
+        here = node is not None and zone in ("-", node["name"].split("/")[3])
+        return {"nodes": [self.node_json(node)]} if here else {}
 
     def get_node(self, project: str, zone: str, node_id: str) -> dict:
         return self.node_json(self._found(project, zone, node_id))
@@ -138,13 +140,10 @@ class TpuService:
             current = self.live()
             if current is not None:
                 raise ApiError("ALREADY_EXISTS", f'Resource "{current["name"]}" already exists.')
-            if self._quota_refusals:  # refused at once, before any operation
-                self._quota_refusals -= 1
-                raise quota_exceeded(QUOTA_LIMIT, ZONE)
+            self.refuse_for_quota(zone)  # refused at once, before any operation
             operation = self.operations.new(name, "create")
-            if self._stockouts:
-                self._stockouts -= 1
-                timer = threading.Timer(STOCKOUT_DELAY_S, self._stockout, [operation])
+            if _take(self._stockouts, zone):
+                timer = threading.Timer(STOCKOUT_DELAY_S, self._stockout, [operation, zone])
                 timer.daemon = True
                 timer.start()
                 return copy(operation)
@@ -165,8 +164,9 @@ class TpuService:
             "createTime": now(),
             "request": request,
         }
+        zone = name.split("/")[3]
         with self._lock:
-            self.slice.store.set_node(**_gce_node(node_id, request))
+            self.slice.store.set_node(**_gce_node(node_id, zone, request))
             try:
                 self.slice.create(request.get("metadata", {}), on_done=lambda: on_done(node),
                                   accelerator=request["acceleratorType"])  # fmt: skip
@@ -189,13 +189,16 @@ class TpuService:
         except PodError as err:
             raise ApiError("FAILED_PRECONDITION", str(err)) from None
 
-    def take_stockout(self) -> bool:
-        """One pending stockout consumed (a queued resource waiting for capacity), if any."""
+    def refuse_for_quota(self, zone: str) -> None:
+        """HTTP 429 naming the quota, if one is pending for `zone` (a create refused at once)."""
         with self._lock:
-            if self._stockouts:
-                self._stockouts -= 1
-                return True
-            return False
+            if _take(self._quota_refusals, zone):
+                raise quota_exceeded(QUOTA_LIMIT, zone)
+
+    def take_stockout(self, zone: str) -> bool:
+        """One pending stockout in `zone` consumed (a queued resource waiting), if any."""
+        with self._lock:
+            return _take(self._stockouts, zone)
 
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         node = self._found(project, zone, node_id)
@@ -269,17 +272,17 @@ class TpuService:
             entries.append({"queryPath": query, "queryValue": {"items": items}})
         return {"guestAttributes": entries}
 
-    def inject_stockout(self, count: int = 1) -> int:
-        """The next `count` creates fail with RESOURCE_EXHAUSTED; returns how many are pending."""
-        with self._lock:
-            self._stockouts += count
-            return self._stockouts
+    def inject_stockout(self, count: int = 1, zone: str | None = None) -> int:
+        """The next `count` creates (in `zone`; None: in any; "node": where the node is now)
+        fail with RESOURCE_EXHAUSTED; returns how many are pending there."""
+        if zone == "node":
+            node = self.live()
+            zone = node["name"].split("/")[3] if node else ZONES[0]
+        return _add(self._stockouts, zone, count, self._lock)
 
-    def inject_quota(self, count: int = 1) -> int:
-        """The next `count` creates are refused at once for quota (HTTP 429)."""
-        with self._lock:
-            self._quota_refusals += count
-            return self._quota_refusals
+    def inject_quota(self, count: int = 1, zone: str | None = None) -> int:
+        """The next `count` creates (in `zone`; None: in any) are refused at once for quota."""
+        return _add(self._quota_refusals, zone, count, self._lock)
 
     # -- operations --------------------------------------------------------------------------
     def _created(self, operation: dict, node: dict) -> None:
@@ -300,10 +303,27 @@ class TpuService:
                 self._node = None
         self.operations.finish(operation, {"response": {"@type": EMPTY_TYPE}})
 
-    def _stockout(self, operation: dict) -> None:
-        message = STOCKOUT.format(zone=ZONE, eid=secrets.token_hex(8))
+    def _stockout(self, operation: dict, zone: str) -> None:
+        message = STOCKOUT.format(zone=zone, eid=secrets.token_hex(8))
         code = RPC_CODE["RESOURCE_EXHAUSTED"]
         self.operations.finish(operation, {"error": {"code": code, "message": message}})
 
     def get_operation(self, project: str, zone: str, operation_id: str) -> dict:
         return self.operations.get(f"{self.location(project, zone)}/operations/{operation_id}")
+
+
+def _add(pending: dict[str | None, int], zone: str | None, count: int, lock) -> int:
+    if zone is not None and zone not in ZONES:
+        raise PodError(f"zone {zone!r} is not one of the pod's zones ({', '.join(ZONES)})")
+    with lock:
+        pending[zone] = pending.get(zone, 0) + count
+        return pending[zone]
+
+
+def _take(pending: dict[str | None, int], zone: str) -> bool:
+    """One refusal for `zone` consumed: the zone's own first, then one meant for any zone."""
+    for key in (zone, None):
+        if pending.get(key):
+            pending[key] -= 1
+            return True
+    return False

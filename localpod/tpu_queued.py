@@ -74,6 +74,7 @@ class QueuedResources:
         if "spot" in body:  # the tier is the request's: its node is a spot VM
             request["schedulingConfig"] = {**request.get("schedulingConfig", {}), "spot": True}
         until = _seconds((body.get("queueingPolicy") or {}).get("validUntilDuration"))
+        self.nodes.refuse_for_quota(zone)
         with self._lock:
             if name in self._requests:
                 raise ApiError("ALREADY_EXISTS", f'Resource "{name}" already exists.')
@@ -95,7 +96,8 @@ class QueuedResources:
     def list_queued_resources(self, project: str, zone: str) -> dict:
         self.nodes.location(project, zone, listing=True)
         with self._lock:
-            records = list(self._requests.values())
+            records = [r for r in self._requests.values()
+                       if zone in ("-", r["name"].split("/")[3])]  # fmt: skip
         return {"queuedResources": [self._json(r) for r in records]} if records else {}
 
     def delete_queued_resource(self, project: str, zone: str, queued_resource_id: str,
@@ -144,7 +146,8 @@ class QueuedResources:
             record["phase"], record["error"] = "FAILED", {"code": 4, "message": (
                 "the request could not be fulfilled before its validUntilDuration")}  # fmt: skip
             return
-        if self.nodes.take_stockout() or self.nodes.live() is not None:
+        zone = record["name"].split("/")[3]
+        if self.nodes.take_stockout(zone) or self.nodes.live() is not None:
             record["phase"] = "WAITING_FOR_RESOURCES"  # no capacity (or the slice is taken)
             timer = threading.Timer(RETRY_S, self._try, [record])
             timer.daemon = True

@@ -80,16 +80,23 @@ def boot(
         ),
     }
     write_json(paths.agent_config(index), config)
-    with (worker_dir / "agent.log").open("ab") as log:
+    return start_agent(paths, index), Instance(hostname=hostname, host_key=host_key)
+
+
+def start_agent(paths: PodPaths, index: int) -> subprocess.Popen:
+    """The worker's agent (sshd, metadata-fed startup script) on the disk it has: at a first
+    boot, and again after a reboot (host maintenance), same host key and instance."""
+    paths.agent_ready(index).unlink(missing_ok=True)
+    with (paths.worker(index) / "agent.log").open("ab") as log:
         popen = subprocess.Popen(
             [sys.executable, "-m", "localpod.worker", str(paths.agent_config(index))],
-            cwd=home,
+            cwd=paths.home(index),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return popen, Instance(hostname=hostname, host_key=host_key)
+    return popen
 
 
 def write_known_hosts(paths: PodPaths, layout: dict, instances: list[Instance]) -> None:

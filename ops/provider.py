@@ -40,6 +40,7 @@ class SliceInfo:
     detail: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)  # the live node's (pulumi up patches it)
     spot: bool = True  # schedulingConfig spot or preemptible: maintenance ends it, never resumes
+    zone: str | None = None  # where the node is (one of tpupod:zones)
 
     @property
     def bundle(self) -> str | None:

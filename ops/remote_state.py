@@ -24,18 +24,15 @@ import itertools
 import json
 import threading
 import time
-import warnings
 from dataclasses import asdict
 from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.cloud import storage
 
 from ops.provider import ProviderError
 from ops.target import Target
 from ops.watch.incident import WatchState, state_from_dict
-
-warnings.filterwarnings("ignore", message="You are using a Python version", category=FutureWarning)
-
-from google.api_core import exceptions as gexc  # noqa: E402
-from google.cloud import storage  # noqa: E402
 
 BUCKET_KEY = "tpupod-bucket"  # infra.metadata.BUCKET: the spec's metadata names the bucket
 STORAGE_ERRORS = (gexc.GoogleAPIError, OSError)

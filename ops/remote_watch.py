@@ -104,13 +104,17 @@ def restart_lines(provider: TpuProvider) -> list[str]:
         hold = state.read_hold()
     except (ProviderError, *STORAGE_ERRORS):
         return []
-    lines, cause = [], "?"
+    lines, cause, moved = [], "?", ""
     for r in records:
         if r.get("event") == "detected":
-            cause = r.get("message", "?")
+            cause, moved = r.get("message", "?"), ""
+        elif r.get("event") in ("stockout", "quota") and r.get("next_zone") != r.get("zone"):
+            moved = f", after {r['event']} in {r.get('zone')}"  # why the slice changed zone
         elif r.get("event") in ("restarted", "recreated") and r.get("attempt"):
             stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(r.get("time", 0)))
             how = "restart" if r["event"] == "restarted" else "recreated slice"
+            if r.get("zone"):
+                how += f" in {r['zone']}{moved}"
             lines.append(f"  attempt {r['attempt']} ({stamp}, {how}): {cause}")
         elif r.get("event") == "gave_up":
             lines.append(f"  recovery stopped: {r.get('message', '')}")

@@ -67,7 +67,8 @@ def slice_table(info: SliceInfo, title: str = "slice") -> Table:
     style = STATE_STYLE.get(info.state, "white")
     health = f", {info.health}" if info.health else ""
     detail = f" ({info.detail})" if info.detail and info.detail != info.state else ""
-    table = Table(title=f"{title}: [{style}]{info.state}[/{style}]{health}{detail}")
+    where = f" in {info.zone}" if info.zone else ""
+    table = Table(title=f"{title}: [{style}]{info.state}[/{style}]{where}{health}{detail}")
     for column in ("worker", "instance", "internal ip", "ssh to", "user"):
         table.add_column(column)
     for w in info.workers:

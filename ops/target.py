@@ -67,6 +67,18 @@ class Target:
         return f"{self.parent}/nodes/{self.node}"
 
     @property
+    def capacity(self) -> dict:
+        """How recovery asks for the slice (the spec's `capacity`, infra.node_spec): `via`
+        queued (a queued resource) or direct (nodes.create), `zones` in order of preference,
+        `valid_for_s` and `reservation` for a queued request. A spec from before has none:
+        nodes.create in its one zone."""
+        raw = dict(self.spec.get("capacity") or {})
+        raw["via"] = raw.get("via") or "direct"
+        zones = [str(z) for z in raw.get("zones") or [] if z]
+        raw["zones"] = zones if self.zone in zones else [self.zone, *zones]
+        return raw
+
+    @property
     def metadata(self) -> dict[str, str]:
         """The node's metadata as declared (tpupod's keys: infra.metadata)."""
         return dict(self.spec.get("node", {}).get("metadata") or {})

@@ -11,31 +11,22 @@ restart of `watch`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-import warnings
 from dataclasses import dataclass
 
+from google.api_core import exceptions as gexc
+from google.cloud import tpu_v2
+
 from infra import metadata
+from ops import queued
 from ops.provider import ProviderError, SliceInfo, SliceState, Worker
 from ops.target import Target
-
-warnings.filterwarnings("ignore", message="You are using a Python version", category=FutureWarning)
-
-from google.api_core import exceptions as gexc  # noqa: E402
-from google.cloud import tpu_v2  # noqa: E402
+from ops.tpu_errors import is_stockout, judged, refused
 
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
-# The TPU API's ways of saying "no capacity in this zone right now" (besides code 8).
-STOCKOUT_MARKERS = ("no more capacity", "stockout", "insufficient capacity", "resource_exhausted")
-RESOURCE_EXHAUSTED = 8
-NOT_FOUND = 5
 CALL_TIMEOUT = 30.0
-RETRIED_400S = {"FAILED_PRECONDITION", "OUT_OF_RANGE"}  # the state, not the request, is wrong
-PERMISSION_HINT = (
-    "the caller lacks TPU API rights on {name}: grant roles/tpu.admin (or tpu.nodes.get/create/"
-    "delete, tpu.operations.get) and roles/iam.serviceAccountUser on the worker service account"
-)
 
 
 @dataclass(frozen=True)
@@ -50,52 +41,20 @@ class OperationStatus:
         return self.done and is_stockout(self.error_code, self.error_message)
 
 
-class Stockout(ProviderError):
-    """The zone has no capacity for the node now: retry later, it is nobody's failure."""
-
-
-class Refused(ProviderError):
-    """A request the TPU API will refuse however often it is sent: permission denied (403) or an
-    invalid request (400). Recovery stops with the line that says what to fix."""
-
-
-class QuotaExceeded(ProviderError):
-    """The project's quota for this TPU is spent: a create is retried with backoff, but only
-    more quota (or another zone) ends it, so the line names the quota."""
-
-
-QUOTA_HINT = "raise it under IAM & Admin > Quotas (filter: TPU) or move the stack to another zone"
-
-
-def refused(err: gexc.TooManyRequests, name: str) -> ProviderError:
-    """A create refused with 429 / RESOURCE_EXHAUSTED. Over REST google-api-core raises
-    TooManyRequests (not its subclass ResourceExhausted), for quota and capacity alike: only the
-    body tells them apart (the quota named in the message or an ErrorInfo's metadata)."""
-    limit = ""
-    try:
-        details = err.response.json()["error"].get("details", [])
-        for d in details:
-            meta = d.get("metadata") or {}
-            limit = limit or meta.get("quota_limit") or meta.get("quota_metric") or ""
-    except (AttributeError, KeyError, TypeError, ValueError):
-        pass
-    message = _line(err)
-    if limit or "quota" in message.lower():
-        named = f" ({limit})" if limit else ""
-        return QuotaExceeded(f"quota exceeded for {name}{named}: {message}; {QUOTA_HINT}")
-    return Stockout(f"no capacity for {name}: {message}")
-
-
-def is_stockout(code: int, message: str) -> bool:
-    return code == RESOURCE_EXHAUSTED or any(m in message.lower() for m in STOCKOUT_MARKERS)
-
-
 class TpuProvider:
-    """One node of one target; `client` may be given (tests), else built on first use."""
+    """One node of one target; `client` may be given (tests), else built on first use.
+
+    The node lives in one zone of the target's `tpupod:zones` at a time (`zone`); recovery moves
+    it to the next one on a stockout or a quota refusal (`move_to`). With `via: queued` a create
+    files a queued resource for the node and a delete takes request and node together."""
 
     def __init__(self, target: Target, client: tpu_v2.TpuClient | None = None):
         self.target = target
         self.name = target.stack
+        self.capacity = target.capacity
+        self.zones: list[str] = self.capacity["zones"]
+        self.zone = target.zone
+        self.queued = self.capacity["via"] == "queued"
         self._client = client
         self._workers_cache: tuple[tuple, list[Worker]] | None = None
 
@@ -105,6 +64,28 @@ class TpuProvider:
             self._client = make_client(self.target)
         return self._client
 
+    @property
+    def parent(self) -> str:
+        return f"projects/{self.target.project}/locations/{self.zone}"
+
+    @property
+    def node_name(self) -> str:
+        return f"{self.parent}/nodes/{self.target.node}"
+
+    @property
+    def request_name(self) -> str:
+        """The queued resource that asks for the node: it has the node's id."""
+        return f"{self.parent}/queuedResources/{self.target.node}"
+
+    def move_to(self, zone: str) -> None:
+        if zone not in self.zones:
+            raise ProviderError(f"zone {zone} is not one of tpupod:zones ({', '.join(self.zones)})")
+        self.zone = zone
+
+    def next_zone(self) -> str:
+        """The zone after this one in tpupod:zones (round and round)."""
+        return self.zones[(self.zones.index(self.zone) + 1) % len(self.zones)]
+
     def node_from_spec(self) -> tpu_v2.Node:
         try:
             return tpu_v2.Node.from_json(json.dumps(self.target.spec["node"]))
@@ -113,24 +94,43 @@ class TpuProvider:
 
     # -- reads -----------------------------------------------------------------------------------
     def describe(self) -> SliceInfo:
-        try:
-            node = self._call("get", self.client.get_node, name=self.target.node_name)
-        except gexc.NotFound:
-            return SliceInfo(SliceState.MISSING, detail="node not found")
+        node = self._node()
+        if node is None and len(self.zones) > 1:
+            node = self._locate()
+        if node is None:
+            return SliceInfo(SliceState.MISSING, detail="node not found", zone=self.zone)
         state = SliceState.parse(tpu_v2.Node.State(node.state).name)
         health = tpu_v2.Node.Health(node.health).name if node.health else None
         workers = self.workers(node) if state is SliceState.READY else []
         spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
         return SliceInfo(state, health, workers, node.health_description or state.value,
-                         dict(node.metadata), spot)  # fmt: skip
+                         dict(node.metadata), spot, self.zone)  # fmt: skip
+
+    def _node(self) -> tpu_v2.Node | None:
+        try:
+            return self._call("get", self.client.get_node, name=self.node_name)
+        except gexc.NotFound:
+            return None
+
+    def _locate(self) -> tpu_v2.Node | None:
+        """The node in another of tpupod:zones (a watch restarted after a move; `tpupod
+        status`): there it is from now on."""
+        here = self.zone
+        for zone in self.zones:
+            if zone == here:
+                continue
+            self.zone = zone
+            if (node := self._node()) is not None:
+                return node
+        self.zone = here
+        return None
 
     def refresh_spec(self) -> list[str]:
         """The live node's metadata into the spec a recreate uses, so it never goes back to an
         older bundle after `pulumi up` (or `tpupod local rollout`) patched the node; returns
         the keys that changed. One nodes.get; a node already gone keeps the spec as it is."""
-        try:
-            node = self._call("get", self.client.get_node, name=self.target.node_name)
-        except gexc.NotFound:
+        node = self._node()
+        if node is None:
             return []
         live = {k: v for k, v in node.metadata.items() if k != metadata.ATTEMPT}
         spec_node = self.target.spec.setdefault("node", {})
@@ -170,7 +170,7 @@ class TpuProvider:
                       host_key=host_key, internal_ip=ip)  # fmt: skip
         if ssh.via == "internal" or not instance:
             return Worker(index, ip, ssh.ports.get(ip, 22), **common)
-        proxy = ssh.iap_command.format(instance=instance, zone=t.zone, project=t.project)
+        proxy = ssh.iap_command.format(instance=instance, zone=self.zone, project=t.project)
         return Worker(index, instance, 22, proxy_command=proxy, **common)
 
     def operation(self, name: str) -> OperationStatus:
@@ -181,30 +181,59 @@ class TpuProvider:
             return OperationStatus(name, True)
         return OperationStatus(name, bool(op.done), op.error.code, op.error.message)
 
+    def request_status(self) -> queued.QueuedStatus:
+        """The slice's queued resource in this zone (MISSING when there is none)."""
+        try:
+            request = self._call("queuedResources.get", self.client.get_queued_resource,
+                                 name=self.request_name)  # fmt: skip
+        except gexc.NotFound:
+            return queued.QueuedStatus(queued.MISSING)
+        return queued.status_of(request)
+
     # -- writes: each returns its long-running operation's name at once -------------------------
     def start_delete(self) -> str | None:
-        """None when there is no node to delete."""
+        """None when there is nothing to delete. Queued: the request with its node (force), or
+        the node alone where no request asked for it (the one `pulumi up` created)."""
+        if self.queued:
+            try:
+                op = self._call("queuedResources.delete", self.client.delete_queued_resource,
+                                request={"name": self.request_name, "force": True})  # fmt: skip
+                return op.operation.name
+            except gexc.NotFound:
+                pass
         try:
-            op = self._call("delete", self.client.delete_node, name=self.target.node_name)
+            op = self._call("delete", self.client.delete_node, name=self.node_name)
         except gexc.NotFound:
             return None
         return op.operation.name
 
+    def abandon_request(self) -> None:
+        """Withdraw a request still waiting in this zone's queue (recovery moves on to another
+        zone); its delete is not waited for: it has no node."""
+        with contextlib.suppress(gexc.NotFound):
+            self._call("queuedResources.delete", self.client.delete_queued_resource,
+                       request={"name": self.request_name, "force": True})  # fmt: skip
+
     def start_create(self, attempt: int | None = None) -> str | None:
-        """None when the node already exists (a create issued before a restart of `watch`);
-        raises Stockout when the API refuses at once for capacity. `attempt`: the job's attempt
-        the new node boots (metadata `tpupod-attempt`, read by its startup script)."""
-        spec = self.target.spec
+        """None when the node (or its request) already exists (a create issued before a restart
+        of `watch`); raises Stockout or QuotaExceeded when the API refuses at once. `attempt`:
+        the job's attempt the new node boots (metadata `tpupod-attempt`, read by its startup
+        script)."""
         node = self.node_from_spec()
         if attempt is not None:
             node.metadata[metadata.ATTEMPT] = str(attempt)
+        node_id = self.target.spec["node_id"]
         try:
-            op = self._call(
-                "create", self.client.create_node,
-                parent=spec["parent"], node_id=spec["node_id"], node=node,
-            )  # fmt: skip
+            if self.queued:
+                request = queued.request_for(node, self.parent, node_id, self.capacity)
+                op = self._call("queuedResources.create", self.client.create_queued_resource,
+                                parent=self.parent, queued_resource_id=node_id,
+                                queued_resource=request)  # fmt: skip
+            else:
+                op = self._call("create", self.client.create_node,
+                                parent=self.parent, node_id=node_id, node=node)  # fmt: skip
         except gexc.TooManyRequests as err:  # ResourceExhausted over gRPC is one of these
-            raise refused(err, self.name) from None
+            raise refused(err, f"{self.name} in {self.zone}") from None
         except gexc.AlreadyExists:
             return None
         return op.operation.name
@@ -212,64 +241,30 @@ class TpuProvider:
     def recreate(self, timeout: float = 600.0, poll: float = 0.5) -> OperationStatus:
         """Blocking delete + create (for the CLI and tests; `watch` steps through it instead)."""
         end = time.time() + timeout
-        delete = self.start_delete()
-        while delete and not self.operation(delete).done:
+
+        def wait(name: str | None, what: str) -> OperationStatus:
+            while name and not (status := self.operation(name)).done:
+                if time.time() > end:
+                    raise ProviderError(f"{what} of {self.name} still running after {timeout:.0f}s")
+                time.sleep(poll)
+            return status if name else OperationStatus("", True)
+
+        wait(self.start_delete(), "delete")
+        status = wait(self.start_create(), "create")
+        while self.queued and not status.error_code:
+            state = self.request_status().state
+            if state == queued.FILLED or state in queued.DEAD:
+                break
             if time.time() > end:
-                raise ProviderError(f"delete of {self.name} still running after {timeout:.0f}s")
-            time.sleep(poll)
-        create = self.start_create()
-        if create is None:
-            return OperationStatus("", True)
-        while not (status := self.operation(create)).done:
-            if time.time() > end:
-                raise ProviderError(f"create of {self.name} still running after {timeout:.0f}s")
+                raise ProviderError(f"queued resource of {self.name} still {state}")
             time.sleep(poll)
         return status
 
     def _call(self, what: str, method, **kwargs):
         try:
             return method(**kwargs, timeout=CALL_TIMEOUT)
-        except (gexc.NotFound, gexc.TooManyRequests, gexc.AlreadyExists):
-            raise
-        except gexc.Conflict as err:
-            if already_exists(err):  # over REST, ALREADY_EXISTS arrives as a plain 409 Conflict
-                raise gexc.AlreadyExists(err.message) from None
-            raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
-        except (gexc.Forbidden, gexc.BadRequest) as err:
-            if status_of(err) in RETRIED_400S:  # a 400 a later try can pass (a node busy)
-                raise ProviderError(
-                    f"TPU API {what} {self.target.node_name}: {_line(err)}"
-                ) from None
-            if isinstance(err, gexc.Forbidden):  # over REST a 403 is Forbidden, not its subclass
-                raise Refused(PERMISSION_HINT.format(name=self.target.node_name)) from None
-            raise Refused(
-                f"TPU API {what} {self.target.node_name} refused the request: "
-                f"{_line(err)}; fix the stack's node spec and deploy again"
-            ) from None
-        except gexc.GoogleAPIError as err:
-            raise ProviderError(f"TPU API {what} {self.target.node_name}: {_line(err)}") from None
-        except OSError as err:  # requests' ConnectionError is an OSError
-            where = self.target.api_endpoint or "tpu.googleapis.com"
-            raise ProviderError(f"TPU API at {where} unreachable: {_line(err)}") from None
-
-
-def status_of(err: gexc.GoogleAPICallError) -> str | None:
-    """The error's canonical status: gRPC names it in the class, REST only in the body (over
-    REST google-api-core raises the HTTP code's base class: Conflict for ALREADY_EXISTS,
-    BadRequest for FAILED_PRECONDITION, Forbidden for PERMISSION_DENIED)."""
-    try:
-        return err.response.json()["error"]["status"]
-    except (AttributeError, KeyError, TypeError, ValueError):
-        code = getattr(err, "grpc_status_code", None)
-        return code.name if code is not None else None
-
-
-def already_exists(err: gexc.Conflict) -> bool:
-    """A 409 that means ALREADY_EXISTS (not ABORTED)."""
-    if isinstance(err, gexc.AlreadyExists):
-        return True
-    status = status_of(err)
-    return status == "ALREADY_EXISTS" if status else "already exists" in str(err.message).lower()
+        except Exception as err:  # judged by its body: ops.tpu_errors
+            raise judged(err, what, self.node_name, self.target.api_endpoint) from None
 
 
 def make_client(target: Target) -> tpu_v2.TpuClient:
@@ -290,8 +285,3 @@ def make_client(target: Target) -> tpu_v2.TpuClient:
             ) from None
     options = {"api_endpoint": target.api_endpoint} if target.api_endpoint else None
     return tpu_v2.TpuClient(transport="rest", credentials=credentials, client_options=options)
-
-
-def _line(err: BaseException) -> str:
-    text = getattr(err, "message", None) or str(err) or type(err).__name__
-    return " ".join(str(text).split())[:300]

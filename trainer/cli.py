@@ -25,6 +25,7 @@ ENV = {
     "status_file": "TPUPOD_STATUS_FILE",
     "compile_cache": "TPUPOD_COMPILE_CACHE",
     "init_timeout": "TPUPOD_INIT_TIMEOUT",
+    "max_loss_s": "TPUPOD_MAX_LOSS_S",
 }
 
 
@@ -94,6 +95,14 @@ def parser() -> argparse.ArgumentParser:
         help="where each process keeps the compiled train step, local or gs://; 'off' compiles "
         "every start [$TPUPOD_COMPILE_CACHE; default: compile-cache beside the workdir]",
     )
+    p.add_argument(
+        "--max-loss-s",
+        type=float,
+        default=env(ENV["max_loss_s"]),
+        help="save at least this often (seconds), whatever the step time, so a preemption "
+        "without notice loses at most this much work; bounds checkpoint_every_seconds "
+        "[$TPUPOD_MAX_LOSS_S; the job's max_loss_minutes]",
+    )
     return p
 
 
@@ -134,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             allocator=allocator.name(),
         )
     # Cheap checks first, before the heavy imports: bad input fails in well under a second.
-    from trainer.config import BadInput, explicit_keys, load_config
+    from trainer.config import BadInput, bound_loss, explicit_keys, load_config
     from trainer.status import EXIT_BAD_INPUT, EXIT_FAILED, StatusFile, TrainerState
 
     hb = None
     try:
-        cfg = load_config(args.config, args.set, steps=args.steps, seed=args.seed)
+        cfg = bound_loss(load_config(args.config, args.set, steps=args.steps, seed=args.seed),
+                         args.max_loss_s)  # fmt: skip
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         StatusFile(args.status_file, args.process_id or 0).update(

@@ -188,6 +188,19 @@ def load_config(name: str, sets: list[str] = (), **direct) -> Config:
     return cfg
 
 
+def bound_loss(cfg: Config, max_loss_s: float | None) -> Config:
+    """A time-based save at least every `max_loss_s` (the job's max_loss_minutes): with no
+    notice, a preemption loses at most that much work, whatever the step time. A tighter
+    checkpoint_every_seconds stays."""
+    if max_loss_s is None:
+        return cfg
+    if max_loss_s <= 0:
+        raise BadInput(f"--max-loss-s {max_loss_s:g}: give seconds > 0")
+    if 0 < cfg.checkpoint_every_seconds <= max_loss_s:
+        return cfg
+    return dataclasses.replace(cfg, checkpoint_every_seconds=float(max_loss_s))
+
+
 def explicit_keys(name: str, sets: list[str] = ()) -> set[str]:
     """The keys the user chose (a YAML file's own keys, `--set`), as opposed to a preset's."""
     keys = {item.partition("=")[0] for item in sets}

@@ -1,6 +1,6 @@
 """`tpupod demo [--job DIR]`: a 2-worker local pod runs a job (the built-in trainer's, or any
-job directory) and meets a hang, a crash and a preemption with notice (its first recreate meets
-a stockout); the pod's watcher VM recovers each through the TPU API exactly as the stack's
+job directory) and meets a hang, a crash and a preemption with notice while its zone has no
+capacity (it comes back in the other zone); the pod's watcher VM recovers each through the TPU API exactly as the stack's
 watcher does on GCP; then the same job runs once without faults and the two runs' final
 committed checkpoints are compared array by array, bitwise (ops.checkpoint_compare).
 
@@ -46,7 +46,8 @@ WATCH_ARGS = f"--hang-timeout {HANG_S:g} --stall-timeout {HANG_S * 1.5:g} --back
 
 
 def demo_faults(steps: int) -> list[Fault]:
-    """A hang, a crash, then a preemption with notice whose first recreate meets a stockout. In
+    """A hang, a crash, then a preemption with notice while the slice's zone has no capacity
+    (the recreate moves to the pod's other zone). In
     this order because each fault waits for the laptop to see the job at its step: after a hang
     or a crash the workers are the same and the laptop's SSH connections still hold, while
     after a re-creation it must describe and connect anew, and a short run could finish in the
@@ -122,8 +123,9 @@ def report(console, events, injected, comparison, wall, ref_wall, holder=None) -
             + f"resumed at step {res.get('step')} in {res.get('recovery_s', 0):.1f}s, "
             f"{res.get('steps_lost')} steps lost",
         )
-    stockouts = sum(e["event"] == "stockout" for e in events)
-    table.add_row("stockouts on recreate", f"{stockouts} (retried; not a preemption or failure)")
+    moves = [e for e in events if e["event"] == "stockout" and e.get("next_zone") != e.get("zone")]
+    table.add_row("zones left for capacity", ", ".join(f"{e['zone']} -> {e['next_zone']}"
+                                                      for e in moves) or "none")  # fmt: skip
     table.add_row("steps lost (total)", str(sum(e.get("steps_lost", 0) for e in resumed)))
     compared = comparison.lines() if comparison else ["comparison failed (see above)"]
     table.add_row("final checkpoints", "\n".join(compared))

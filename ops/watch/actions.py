@@ -13,7 +13,7 @@ from collections.abc import Callable
 from infra.metadata import BUNDLE_SHA256
 from ops.forensics import capture_hang
 from ops.provider import ProviderError
-from ops.tpu import Refused, Stockout
+from ops.tpu_errors import QuotaExceeded, Refused, Stockout
 from ops.watch.api import WatcherApi
 from ops.watch.incident import Incident
 from ops.watch.table import Action, Event
@@ -38,27 +38,58 @@ def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 def create(w: WatcherApi, inc: Incident, detail: str) -> None:
     inc.operation = None
+    inc.zone = w.provider.zone
     try:  # refused at once: the same events as an operation that failed
         inc.operation = w.provider.start_create(attempt=w.state.attempt + 1)
     except Stockout as err:
         return w.on(Event.STOCKOUT, str(err))
+    except QuotaExceeded as err:
+        return w.on(Event.QUOTA, str(err))
     except Refused as err:  # permission or an invalid spec: no retry can pass it
         raise GiveUp(str(err)) from None
     except ProviderError as err:
         return w.on(Event.FAILED, f"create failed: {err}")
-    if inc.operation is None:  # the node exists already (created before a restart)
-        return w.on(Event.DONE)
+    if inc.operation is None:  # the node (or its request) exists already: filed before a restart
+        return w.on(Event.QUEUED if w.provider.queued else Event.DONE)
     return None
+
+
+def queued(w: WatcherApi, inc: Incident, detail: str) -> None:
+    w.journal.event("queued", f"queued resource filed in {w.provider.zone}: the node comes when "
+                    "the zone has capacity", zone=w.provider.zone)  # fmt: skip
 
 
 def stockout(w: WatcherApi, inc: Incident, detail: str) -> None:
     inc.stockouts += 1
-    if inc.stockouts > w.config.capacity_retries:
-        raise GiveUp(f"no capacity after {inc.stockouts} creates: {detail}")
-    wait = w.config.capacity_wait(inc.stockouts)
+    elsewhere(w, inc, detail, "stockout", inc.stockouts, w.config.capacity_retries,
+              w.config.capacity_wait)  # fmt: skip
+
+
+def quota(w: WatcherApi, inc: Incident, detail: str) -> None:
+    inc.quota_refusals += 1
+    elsewhere(w, inc, detail, "quota", inc.quota_refusals, w.config.quota_retries,
+              w.config.quota_wait)  # fmt: skip
+
+
+def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
+              budget: int | None, wait_for: Callable[[int], float]) -> None:  # fmt: skip
+    """A create refused here for capacity or quota: spend that kind's budget, withdraw a
+    request still queued here, and try the next zone of tpupod:zones after its own backoff
+    (a zone not refused yet in this incident at once; one zone: this one again)."""
+    if budget is not None and count > budget:
+        raise GiveUp(f"gave up after {count} {kind} refusals (budget {budget}): {detail}")
+    here = w.provider.zone
+    inc.zone_tries[here] = inc.zone_tries.get(here, 0) + 1
+    if w.provider.queued:
+        w.api(w.provider.abandon_request)
+    there = w.provider.next_zone()
+    w.provider.move_to(there)
+    inc.zone = there
+    wait = wait_for(inc.zone_tries.get(there, 0))
     inc.not_before = time.time() + wait
-    w.journal.event("stockout", f"{detail}; creating again in {wait:.0f}s",
-                    attempt=inc.stockouts, retry_in=wait)  # fmt: skip
+    where = f"trying {there}" if there != here else "creating again"
+    w.journal.event(kind, f"{detail}; {where} in {wait:.0f}s", attempt=count, retry_in=wait,
+                    zone=here, next_zone=there)  # fmt: skip
 
 
 def retry(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -74,8 +105,9 @@ def rebuild(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 def recreated(w: WatcherApi, inc: Incident, detail: str) -> None:
     w.state.attempt += 1  # the new node boots the job as this attempt
-    w.milestone("recreated", inc.started, f"slice {w.provider.name} recreated",
-                attempt=w.state.attempt, cause=inc.kind)  # fmt: skip
+    w.milestone("recreated", inc.started, f"slice {w.provider.name} recreated in "
+                f"{w.provider.zone}", attempt=w.state.attempt, cause=inc.kind,
+                zone=w.provider.zone)  # fmt: skip
 
 
 def ready(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -186,6 +218,8 @@ ACTIONS: dict[Action, Callable[..., int | None]] = {
     Action.DELETE: delete,
     Action.CREATE: create,
     Action.STOCKOUT: stockout,
+    Action.QUOTA: quota,
+    Action.QUEUED: queued,
     Action.RETRY: retry,
     Action.REBUILD: rebuild,
     Action.RECREATED: recreated,

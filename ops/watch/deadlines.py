@@ -15,9 +15,9 @@ from ops.watch.table import Phase
 # a profile, then the job's spec, then the flags given.
 PROFILES: dict[str, dict[str, float]] = {
     "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
-                grace=60.0, capacity=60.0),
+                grace=60.0, capacity=60.0, quota=300.0, patience=1800.0),
     "local": dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
-                  capacity=2.0),
+                  capacity=2.0, quota=2.0, patience=3.0),
 }  # fmt: skip
 GCP = PROFILES["gcp"]
 
@@ -50,9 +50,18 @@ class WatchConfig:
     operation_deadline: float = 1800.0  # a delete or create operation
     backoff_base: float = 2.0
     backoff_cap: float = 60.0
-    capacity_retries: int = 20  # creates refused for capacity, per incident, before giving up
+    # Each kind of refusal has its budget and backoff (ops.tpu_errors): capacity is waited for
+    # (None: for as long as it takes), quota backed off and named, permission and invalid
+    # requests stop at once (GiveUp), the rest (5xx, unreachable) retried on `backoff_*`.
+    # The waits count refusals per zone: the next zone in tpupod:zones is tried at once.
+    capacity_retries: int | None = None  # stockouts per incident before giving up
     capacity_backoff: float = GCP["capacity"]  # first wait after a stockout, doubling to the cap
     capacity_backoff_cap: float = 600.0
+    quota_retries: int | None = 30  # quota refusals per incident before giving up
+    quota_backoff: float = GCP["quota"]
+    quota_backoff_cap: float = 1800.0
+    zone_patience: float = GCP["patience"]  # queued this long in one zone: the next one's turn
+    queue_deadline: float = float("inf")  # a queued resource's own validUntilDuration ends it
     ssh_retries: int = 3
     # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
     # ignore SIGTERM (a job's grace_s is for a preemption's save, which these cannot make).
@@ -63,6 +72,7 @@ class WatchConfig:
         return {
             Phase.AWAITING_DELETE: self.operation_deadline,
             Phase.AWAITING_CREATE: self.operation_deadline,
+            Phase.AWAITING_QUEUED: self.queue_deadline,
             Phase.AWAITING_READY: self.ready_deadline,
             Phase.AWAITING_BOOTSTRAP: self.limits.bootstrap,
         }.get(phase, float("inf"))
@@ -72,6 +82,9 @@ class WatchConfig:
 
     def capacity_wait(self, stockouts: int) -> float:
         return backoff(stockouts, self.capacity_backoff, self.capacity_backoff_cap)
+
+    def quota_wait(self, refusals: int) -> float:
+        return backoff(refusals, self.quota_backoff, self.quota_backoff_cap)
 
 
 def backoff(attempt: int, base: float = 2.0, cap: float = 60.0) -> float:
@@ -103,4 +116,6 @@ def config_for(
         ready_deadline=d["ready"],
         backoff_base=backoff_s if backoff_s is not None else (job.backoff_s if job else 2.0),
         capacity_backoff=d["capacity"],
+        quota_backoff=d["quota"],
+        zone_patience=d["patience"],
     )

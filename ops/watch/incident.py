@@ -29,6 +29,9 @@ class Incident:
     started: float = 0.0  # when the current recreate or restart began
     attempts: int = 0  # recreate attempts in this incident (backoff)
     stockouts: int = 0  # creates refused for capacity in this incident
+    quota_refusals: int = 0  # creates refused for quota in this incident
+    zone: str | None = None  # where the slice is being recreated (one of tpupod:zones)
+    zone_tries: dict[str, int] = field(default_factory=dict)  # refusals per zone: its backoff
 
     @property
     def open(self) -> bool:

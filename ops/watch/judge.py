@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ops import queued
 from ops.job_status import JobRules
 from ops.probe import Probe
 from ops.provider import SliceState
@@ -159,6 +160,18 @@ def operation_event(
 ) -> Event:
     if done:
         return Event.STOCKOUT if stockout else (Event.FAILED if error_code else Event.DONE)
+    return Event.DEADLINE if waited > deadline else Event.RUNNING
+
+
+def request_event(state: str, waited: float, patience: float, deadline: float) -> Event:
+    """A queued resource (ops.queued): filled, dead (filed anew), or still on its way; a request
+    that has waited in this zone's queue past `patience` gives another zone its turn."""
+    if state == queued.FILLED:
+        return Event.DONE
+    if state in queued.DEAD:
+        return Event.GONE
+    if state == queued.WAITING and waited > patience:
+        return Event.STOCKOUT
     return Event.DEADLINE if waited > deadline else Event.RUNNING
 
 

@@ -28,7 +28,21 @@ def operation(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> S
         return None
     event = judge.operation_event(status.done, status.error_code, status.stockout, waited,
                                   deadline)  # fmt: skip
+    if event is Event.DONE and inc.phase is Phase.AWAITING_CREATE and w.provider.queued:
+        event = Event.QUEUED  # the request is filed; its node comes when capacity allows
     return event, status.error_message
+
+
+def request(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    status = w.api(w.provider.request_status)
+    if status is None:
+        return None
+    patience = w.config.zone_patience if len(w.provider.zones) > 1 else float("inf")
+    event = judge.request_event(status.state, waited, patience, deadline)
+    detail = f"queued resource in {w.provider.zone} {status.state}"
+    if event is Event.STOCKOUT:
+        detail = f"no capacity in {w.provider.zone}: queued for {waited:.0f}s"
+    return event, f"{detail}: {status.detail}" if status.detail else detail
 
 
 def node(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
@@ -60,6 +74,7 @@ def bootstrap(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> S
 OBSERVERS: dict[Observes, Callable[[WatcherApi, Incident, float, float], Seen]] = {
     Observes.CLOCK: clock,
     Observes.OPERATION: operation,
+    Observes.REQUEST: request,
     Observes.NODE: node,
     Observes.CLOCK_AND_NODE: clock_and_node,
     Observes.BOOTSTRAP: bootstrap,

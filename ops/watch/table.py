@@ -17,6 +17,7 @@ class Phase(StrEnum):
     PENDING_RECREATE = "pending-recreate"  # backing off before delete + create
     AWAITING_DELETE = "awaiting-delete"  # delete operation issued
     AWAITING_CREATE = "awaiting-create"  # create operation issued
+    AWAITING_QUEUED = "awaiting-queued"  # a queued resource filed: it waits for capacity
     AWAITING_CAPACITY = "awaiting-capacity"  # the create hit a stockout: retry after a backoff
     AWAITING_READY = "awaiting-ready"  # created: the node becomes READY
     AWAITING_BOOTSTRAP = "awaiting-bootstrap"  # READY: the startup script runs on every worker
@@ -30,7 +31,9 @@ class Event(StrEnum):
     DUE = "due"  # the backoff is over
     RUNNING = "running"  # operation not done / slice not READY / bootstrap still running
     DONE = "done"  # operation done / slice READY / bootstrap ok on every worker
-    STOCKOUT = "stockout"  # create refused or failed for capacity
+    STOCKOUT = "stockout"  # create refused or failed for capacity, or queued too long here
+    QUOTA = "quota"  # create refused for quota (HTTP 429 whose body names a quota)
+    QUEUED = "queued"  # the create filed a queued resource: its node comes with capacity
     FAILED = "failed"  # operation error, or a bootstrap failed
     GONE = "gone"  # the node was preempted, terminated or deleted meanwhile
     DEADLINE = "deadline"  # the phase outlasted its deadline
@@ -54,6 +57,7 @@ class Observes(StrEnum):
 
     CLOCK = "clock"  # its backoff
     OPERATION = "operation"  # its delete or create operation
+    REQUEST = "request"  # its queued resource's state
     NODE = "node"  # the node's state
     CLOCK_AND_NODE = "clock+node"  # its backoff, while the node stays READY
     BOOTSTRAP = "bootstrap"  # the node's state and every worker's bootstrap
@@ -63,7 +67,9 @@ class Action(StrEnum):
     NONE = "none"
     DELETE = "delete"  # issue nodes.delete
     CREATE = "create"  # issue nodes.create from the spec
-    STOCKOUT = "stockout"  # journal it, spend the capacity budget, back off
+    STOCKOUT = "stockout"  # journal it, spend the capacity budget, next zone, back off
+    QUOTA = "quota"  # journal the quota, spend the quota budget, next zone, back off
+    QUEUED = "queued"  # journal `queued`: the request waits in the zone's queue
     RETRY = "retry"  # journal the error, back off, recreate again (no budget spent)
     REBUILD = "rebuild"  # a failure: charge the failure budget, then recreate
     RECREATED = "recreated"  # journal `recreated`
@@ -105,8 +111,14 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.AWAITING_CREATE, E.DONE): (P.AWAITING_READY, A.RECREATED),
     (P.AWAITING_CREATE, E.LOST): (P.AWAITING_CREATE, A.CREATE),
     (P.AWAITING_CREATE, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),
+    (P.AWAITING_CREATE, E.QUOTA): (P.AWAITING_CAPACITY, A.QUOTA),
+    (P.AWAITING_CREATE, E.QUEUED): (P.AWAITING_QUEUED, A.QUEUED),
     (P.AWAITING_CREATE, E.FAILED): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_CREATE, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_QUEUED, E.DONE): (P.AWAITING_READY, A.RECREATED),
+    (P.AWAITING_QUEUED, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),  # another zone's turn
+    (P.AWAITING_QUEUED, E.GONE): (P.PENDING_RECREATE, A.RETRY),  # FAILED, SUSPENDED: file anew
+    (P.AWAITING_QUEUED, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_CAPACITY, E.DUE): (P.AWAITING_CREATE, A.CREATE),
     (P.AWAITING_READY, E.DONE): (P.AWAITING_BOOTSTRAP, A.READY),
     (P.AWAITING_READY, E.GONE): (P.PENDING_RECREATE, A.RETRY),
@@ -129,6 +141,7 @@ OBSERVES: dict[Phase, Observes] = {
     P.PENDING_RESTART: Observes.CLOCK_AND_NODE,
     P.AWAITING_DELETE: Observes.OPERATION,
     P.AWAITING_CREATE: Observes.OPERATION,
+    P.AWAITING_QUEUED: Observes.REQUEST,
     P.AWAITING_READY: Observes.NODE,
     P.AWAITING_BOOTSTRAP: Observes.BOOTSTRAP,
 }

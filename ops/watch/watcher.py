@@ -23,11 +23,13 @@ from dataclasses import asdict
 from ops.journal import Journal
 from ops.probe import Probe
 from ops.provider import ProviderError
-from ops.tpu import Refused, Stockout, TpuProvider
+from ops.tpu import TpuProvider
+from ops.tpu_errors import Refused, Stockout
 from ops.watch import judge
 from ops.watch.actions import ACTIONS, GiveUp
 from ops.watch.conditions import (
     INCIDENT_KINDS,
+    MAINTENANCE,
     NOTICE_HEALTH,
     SLICE_ACTIONS,
     SliceAction,
@@ -71,6 +73,9 @@ class Watcher:
         self.on_poll = on_poll  # the demo injects faults and draws progress from here
         self.store = store or IncidentStore(None)
         self.state = self.store.load() or WatchState(since=time.time())
+        inc = self.state.incident
+        if inc is not None and inc.open and inc.zone in provider.zones:
+            provider.move_to(inc.zone)  # a recreate under way in another zone goes on there
         self.progress = Progress(self.state, journal, self.rules)
         self.first_seen: dict[str, float] = {}
         self.group: WorkerGroup | None = None
@@ -143,6 +148,8 @@ class Watcher:
                                 self.config.limits, info.health, self.rules,
                                 self.last_step, info.bundle, info.spot)  # fmt: skip
         self._tick(decision.key)
+        if decision.key == MAINTENANCE:  # the VMs reboot: what they wrote before is stale
+            self.since = time.time()
         if self.on_poll is not None:
             self.on_poll(self, self.probes)
         # Anything but a healthy slice is checked against a fresh hold: a `tpupod stop` stops the

@@ -49,12 +49,12 @@ def pod(tmp_path_factory: pytest.TempPathFactory, startup_script: Path) -> Itera
 
 @pytest.fixture
 def pod_factory(tmp_path: Path, startup_script: Path) -> Iterator[Callable[..., LocalPod]]:
-    """make(workers=2) -> a LocalPod (not yet up) in this test's tmp dir; all downed at teardown."""
+    """make(workers=2, **LocalPod options) -> a LocalPod (not yet up) in this test's tmp dir; all downed at teardown."""
     made: list[LocalPod] = []
 
-    def make(workers: int = 2) -> LocalPod:
+    def make(workers: int = 2, **options) -> LocalPod:
         local_pod = LocalPod(
-            tmp_path / f"pod{len(made)}", workers=workers, startup_script=startup_script
+            tmp_path / f"pod{len(made)}", workers=workers, startup_script=startup_script, **options
         )
         made.append(local_pod)
         return local_pod

@@ -55,9 +55,17 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     print(f"preemption detected {latency:.2f}s after injection")
     assert latency < 2.0, messages
     assert resumed["preemption"]["steps_lost"] == 0, messages
-    # the first recreate met a stockout: retried after a backoff, charged to neither budget
+    # the slice's zone had no capacity: its queued resource waited there past the zone's
+    # patience, then the slice came back in the other zone, charged to neither budget
     names = [e["event"] for e in watcher]
     assert names.count("stockout") == 1 and names.count("recreated") == 1, messages
+    stockout = next(e for e in watcher if e["event"] == "stockout")
+    recreated = next(e for e in watcher if e["event"] == "recreated")
+    assert stockout["zone"] != stockout["next_zone"] == recreated["zone"], messages
+    assert [e["zone"] for e in watcher if e["event"] == "queued"] == [
+        stockout["zone"],
+        recreated["zone"],
+    ]
     done = next(e for e in watcher if e["event"] == "done")
     assert (done["preemptions"], done["failures"]) == (1, 2), messages
     attempts = [e["attempt"] for e in watcher if e["event"] in ("restarted", "recreated")]

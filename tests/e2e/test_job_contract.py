@@ -113,6 +113,7 @@ def test_the_job_contract_end_to_end(tmp_path, capsys, monkeypatch):
             assert seen["TPUPOD_CHECKPOINT_DIR"] == f"{run_dir}/checkpoints"
             assert seen["TPUPOD_STATUS_FILE"] == str(pod.paths.tpupod_root(i) / "status.json")
             assert seen["TPUPOD_GRACE_S"] == "10"
+            assert seen["TPUPOD_MAX_LOSS_S"] == "90"  # max_loss_minutes: 1.5
             assert seen["TPUPOD_COMPILE_CACHE"] == f"gs://{pod.bucket}/compile-cache/local"
             assert seen["STORAGE_EMULATOR_HOST"] == endpoints["storage"]
             assert seen["TENSORSTORE_GCS_HTTP_URL"] == endpoints["storage"]

@@ -48,6 +48,12 @@ def created(provider, timeout: float = 10.0):
             time.sleep(0.1)
 
 
+def direct(provider):
+    """The provider on the nodes.create path (the pod's spec asks for queued resources)."""
+    provider.queued = False
+    return provider
+
+
 def phase_is(*phases):
     return lambda w: w.incident is not None and w.incident.phase in phases
 
@@ -133,7 +139,7 @@ def test_a_create_whose_node_exists_is_no_failure(pod: LocalPod) -> None:
     """A watch killed after it issued a create and before it saved the operation's name issues
     the create again: the API answers 409 ALREADY_EXISTS (over REST a plain Conflict), which is
     the node being there, not a failed attempt (found by the fault campaign's watch kills)."""
-    provider = pod_provider(pod.paths.root)
+    provider = direct(pod_provider(pod.paths.root))
     assert provider.start_create() is None
     assert provider.describe().state is SliceState.READY
 
@@ -141,7 +147,8 @@ def test_a_create_whose_node_exists_is_no_failure(pod: LocalPod) -> None:
 def test_a_stockout_on_recreate_is_retried_and_a_restarted_watch_creates_nothing_twice(
     pod: LocalPod, tmp_path: Path
 ) -> None:
-    provider = pod_provider(pod.paths.root)
+    provider = direct(pod_provider(pod.paths.root))
+    provider.zones = [provider.zone]  # one zone: the stockout is waited out there
     journal = Journal(tmp_path / "journal.jsonl")
     store = IncidentStore(tmp_path / "incident.json")
     first = Watcher(provider, journal, CONFIG, store=store)
@@ -156,7 +163,7 @@ def test_a_stockout_on_recreate_is_retried_and_a_restarted_watch_creates_nothing
     assert pending.phase is Phase.AWAITING_CREATE and pending.operation
     node = created(provider)
     # watch #2 polls that same operation to READY and the bootstrap, creating nothing again
-    second = Watcher(pod_provider(pod.paths.root), journal, CONFIG, store=store)
+    second = Watcher(direct(pod_provider(pod.paths.root)), journal, CONFIG, store=store)
     assert second.incident.operation == pending.operation
     drive(second, phase_is(Phase.AWAITING_RESUME))
     second.close()
@@ -170,24 +177,31 @@ def test_a_stockout_on_recreate_is_retried_and_a_restarted_watch_creates_nothing
     assert pod_provider(pod.paths.root).describe().state is SliceState.READY
 
 
-def test_a_quota_refusal_is_named_and_backed_off_not_taken_for_a_stockout(
+def test_a_quota_refusal_is_named_backed_off_and_sends_the_slice_to_the_next_zone(
     pod: LocalPod, tmp_path: Path
 ) -> None:
-    """A create refused with HTTP 429 whose body names a quota (as Google's front end answers
-    it; google-api-core raises TooManyRequests for it, not ResourceExhausted) is neither a
-    crash of the watch nor a stockout: one line names the quota and how to get more, and the
-    create is tried again after a backoff."""
+    """A queued resource refused with HTTP 429 whose body names a quota (as Google's front end
+    answers it; google-api-core raises TooManyRequests for it, not ResourceExhausted) is neither
+    a crash of the watch nor a stockout: one line names the quota and how to get more, the
+    quota budget (not the capacity one) is spent, and the next zone of tpupod:zones is tried."""
     from localpod.tpu_nodes import QUOTA_LIMIT
 
     provider = pod_provider(pod.paths.root)
+    assert provider.queued and provider.zones == ["local-a", "local-b"]
+    here = provider.describe().zone
     journal = Journal(tmp_path / "journal.jsonl")
     watcher = Watcher(provider, journal, CONFIG, store=IncidentStore(tmp_path / "incident.json"))
-    pod.inject_quota(1)
+    pod.inject_quota(1, zone=here)
     pod.preempt(notice=0)
     drive(watcher, phase_is(Phase.AWAITING_RESUME))
     watcher.close()
-    errors = [e["message"] for e in journal.events if e["event"] == "error"]
-    assert len(errors) == 1 and QUOTA_LIMIT in errors[0] and "IAM & Admin > Quotas" in errors[0]
+    quota = [e for e in journal.events if e["event"] == "quota"]
+    assert len(quota) == 1, [e["message"] for e in journal.events]
+    assert QUOTA_LIMIT in quota[0]["message"] and "IAM & Admin > Quotas" in quota[0]["message"]
+    there = "local-b" if here == "local-a" else "local-a"
+    assert (quota[0]["zone"], quota[0]["next_zone"]) == (here, there)
     names = [e["event"] for e in journal.events]
-    assert "stockout" not in names and names.count("recreated") == 1, names
-    assert watcher.incident.stockouts == 0
+    assert "stockout" not in names and "error" not in names and names.count("recreated") == 1
+    assert (watcher.incident.stockouts, watcher.incident.quota_refusals) == (0, 1)
+    info = pod_provider(pod.paths.root).describe()
+    assert (info.state, info.zone) == (SliceState.READY, there)

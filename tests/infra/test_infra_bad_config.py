@@ -85,6 +85,10 @@ def test_bad_config_is_one_line_and_declares_nothing(kind):
         ({"tpupod:provisioning": "spot preemptible"}, "names several modes"),
         ({"tpupod:existingNetwork": "shared"}, "tpupod:existingSubnet: existingNetwork and"),
         ({"tpupod:bucketName": "google-ckpt"}, "may not start with 'goog' or contain 'google'"),
+        ({"tpupod:zones": '["us-central2-b", "us-central1-a"]'}, "us-central1-a does not offer v4"),
+        ({"tpupod:zones": '["us-central2-a"]'}, "tpupod:zones: us-central2-a does not offer v4"),
+        ({"tpupod:createVia": "queue"}, "tpupod:createVia: 'queue': use queued"),
+        ({"tpupod:reservation": "r1"}, "tpupod:reservation: names a reservation, but"),
     ],
 )
 def test_more_bad_config(changes, fragment):
@@ -103,3 +107,22 @@ def test_real_metadata_is_far_below_the_limit(evaluations):
     for evaluation in evaluations.values():
         metadata = evaluation.one("gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
         assert sum(len(k) + len(v.encode()) for k, v in metadata.items()) < 64 * 1024
+
+
+def test_recovery_zones_stay_in_the_stack_region_and_reach_the_node_spec():
+    """tpupod:zones: a zone of another region is refused in one line (the subnet and NAT are
+    regional); zones of the one region reach the exported node spec's `capacity`, queued by
+    default, as ops.target reads it."""
+    from infra.config import parse
+
+    base = {"gcp:project": "p", "acceleratorType": "v6e-8"}
+    with pytest.raises(ValueError, match=r"tpupod:zones: us-east1-d is in us-east1, but the "
+                       r"stack's network \(subnet, Cloud NAT\) is in us-east5"):  # fmt: skip
+        parse({**base, "zones": ["us-east5-a", "us-east1-d"]}, stack="s")
+    with pytest.raises(ValueError, match="tpupod:zone us-east5-b is not in the list"):
+        parse({**base, "zones": ["us-east5-a"], "zone": "us-east5-b"}, stack="s")
+    config = parse({**base, "zones": "us-east5-b, us-east5-a", "queueValidHours": "2"}, stack="s")
+    assert config.resolved_zone == "us-east5-b"
+    assert config.capacity == {"via": "queued", "zones": ["us-east5-b", "us-east5-a"],
+                               "valid_for_s": 7200.0, "reservation": None}  # fmt: skip
+    assert parse(base, stack="s").capacity["zones"] == ["us-central1-b"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from localpod import faults
+from localpod.faults import STOCKOUT_CREATES
 from localpod.demo.observer import Fault, FaultPlan
 
 
@@ -21,8 +22,8 @@ class _Pod:
     def preempt(self, notice, wait):
         self.calls.append(("preempt", notice))
 
-    def inject_stockout(self, count):
-        self.calls.append(("stockout", count))
+    def inject_stockout(self, count, zone=None):
+        self.calls.append(("stockout", count, zone))
 
 
 def _plan(pod) -> FaultPlan:
@@ -43,7 +44,7 @@ def test_faults_go_in_order_and_one_the_run_ended_before_is_missed():
     (missed,) = plan.missed()
     assert missed.incident == "preemption" and "30 s notice" in missed.label
     plan.inject(missed, 70, lambda *a, **k: None)
-    assert pod.calls[1:] == [("stockout", 1), ("preempt", 30.0)]
+    assert pod.calls[1:] == [("stockout", STOCKOUT_CREATES, "node"), ("preempt", 30.0)]
 
 
 def test_an_injection_that_fails_is_tried_again_not_counted():

@@ -291,3 +291,33 @@ def test_a_bundle_the_workers_do_not_run_is_rolled_out_only_onto_a_calm_slice_th
     crashed = decide(SliceState.READY, [booted(0, old), booted(1, old, alive=False)], SINCE,
                      never, LIMITS, bundle=new)  # fmt: skip
     assert crashed.event is Event.JOB_FAILED
+
+
+@pytest.mark.parametrize(
+    ("state", "waited", "event"),
+    [
+        ("ACTIVE", 99.0, Event.DONE),
+        ("SUSPENDED", 0.0, Event.GONE),  # preempted: delete it and file anew
+        ("FAILED", 0.0, Event.GONE),
+        ("MISSING", 0.0, Event.GONE),
+        ("ACCEPTED", 5.0, Event.RUNNING),
+        ("WAITING_FOR_RESOURCES", 5.0, Event.RUNNING),
+        ("WAITING_FOR_RESOURCES", 11.0, Event.STOCKOUT),  # past the zone's patience
+        ("PROVISIONING", 11.0, Event.RUNNING),  # capacity found: patience is for the queue only
+        ("PROVISIONING", 21.0, Event.DEADLINE),
+    ],
+)
+def test_a_queued_resource_state_is_one_event(state, waited, event):
+    from ops.watch.judge import request_event
+
+    assert request_event(state, waited, patience=10.0, deadline=20.0) is event
+
+
+def test_refusals_back_off_per_zone_each_kind_on_its_own_budget():
+    """Capacity has no limit by default, quota one; a zone not refused yet is tried at once."""
+    config = config_for("gcp")
+    assert config.capacity_retries is None and config.quota_retries == 30
+    assert config.capacity_wait(0) == config.quota_wait(0) == 0.0
+    assert config.capacity_wait(1) == PROFILES["gcp"]["capacity"]
+    assert config.quota_wait(1) == PROFILES["gcp"]["quota"] > config.capacity_wait(1)
+    assert config.quota_wait(20) == config.quota_backoff_cap

@@ -12,7 +12,8 @@ from google.api_core import exceptions as gexc
 
 from ops.provider import ProviderError
 from ops.target import SshSettings, Target
-from ops.tpu import QuotaExceeded, Refused, Stockout, TpuProvider, refused
+from ops.tpu import TpuProvider
+from ops.tpu_errors import QuotaExceeded, Refused, Stockout, refused
 
 
 def _rest(code: int, status: str, message: str, details: list | None = None):

@@ -87,14 +87,20 @@ def init(timeout_s: int = 1800) -> None:
 def checkpoint_manager(directory: str | None = None, *, save_interval_steps: int | None = None,
                        max_to_keep: int | None = 3, **options):  # fmt: skip
     """An Orbax CheckpointManager at `$TPUPOD_CHECKPOINT_DIR` that saves every
-    `save_interval_steps` and at the step all processes agree on after a preemption notice
-    (without `PreemptionCheckpointingPolicy` a custom policy silently drops those saves)."""
+    `save_interval_steps`, at least every `$TPUPOD_MAX_LOSS_S` seconds (the job's
+    max_loss_minutes: what a preemption without notice may cost), and at the step all processes
+    agree on after a preemption notice (without `PreemptionCheckpointingPolicy` a custom policy
+    silently drops those saves)."""
     import orbax.checkpoint as ocp
     from orbax.checkpoint import checkpoint_managers as cm
 
     policies = [cm.PreemptionCheckpointingPolicy()]
     if save_interval_steps:
         policies.append(cm.FixedIntervalPolicy(save_interval_steps))
+    max_loss = os.environ.get("TPUPOD_MAX_LOSS_S")
+    if max_loss:
+        seconds = max(1, int(float(max_loss)))
+        policies.append(cm.ContinuousCheckpointingPolicy(minimum_interval_secs=seconds))
     settings = ocp.CheckpointManagerOptions(
         save_decision_policy=cm.AnySavePolicy(policies), max_to_keep=max_to_keep, create=True,
         **options,

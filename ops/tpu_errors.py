@@ -1,0 +1,111 @@
+"""The Cloud TPU API's errors, judged by their body as Google returns them over REST.
+
+google-api-core raises the HTTP code's base class over REST (TooManyRequests for every 429,
+Conflict for every 409, BadRequest for every 400, Forbidden for a 403): the class alone cannot
+tell quota from capacity, or a busy node from a bad request. Each class here is one kind of
+answer recovery treats its own way (ops.watch.deadlines.ERROR_CLASSES): capacity is waited for,
+quota backed off and named, permission and invalid requests stop recovery, the rest retried.
+"""
+
+from __future__ import annotations
+
+from google.api_core import exceptions as gexc
+
+from ops.provider import ProviderError
+
+# The TPU API's ways of saying "no capacity in this zone right now" (besides code 8).
+STOCKOUT_MARKERS = ("no more capacity", "stockout", "insufficient capacity", "resource_exhausted")
+RESOURCE_EXHAUSTED = 8
+RETRIED_400S = {"FAILED_PRECONDITION", "OUT_OF_RANGE"}  # the state, not the request, is wrong
+PERMISSION_HINT = (
+    "the caller lacks TPU API rights on {name}: grant roles/tpu.admin (or tpu.nodes.get/create/"
+    "delete, tpu.queuedResources.get/create/delete, tpu.operations.get) and "
+    "roles/iam.serviceAccountUser on the worker service account"
+)
+QUOTA_HINT = (
+    "raise it under IAM & Admin > Quotas (filter: TPU) or list another zone in tpupod:zones"
+)
+
+
+class Stockout(ProviderError):
+    """The zone has no capacity for the node now: retry later, it is nobody's failure."""
+
+
+class Refused(ProviderError):
+    """A request the TPU API will refuse however often it is sent: permission denied (403) or an
+    invalid request (400). Recovery stops with the line that says what to fix."""
+
+
+class QuotaExceeded(ProviderError):
+    """The project's quota for this TPU is spent: a create is retried with backoff, but only
+    more quota (or another zone) ends it, so the line names the quota."""
+
+
+def refused(err: gexc.TooManyRequests, name: str) -> ProviderError:
+    """A create refused with 429 / RESOURCE_EXHAUSTED. Over REST google-api-core raises
+    TooManyRequests (not its subclass ResourceExhausted), for quota and capacity alike: only the
+    body tells them apart (the quota named in the message or an ErrorInfo's metadata)."""
+    limit = ""
+    try:
+        details = err.response.json()["error"].get("details", [])
+        for d in details:
+            meta = d.get("metadata") or {}
+            limit = limit or meta.get("quota_limit") or meta.get("quota_metric") or ""
+    except (AttributeError, KeyError, TypeError, ValueError):
+        pass
+    message = one_line(err)
+    if limit or "quota" in message.lower():
+        named = f" ({limit})" if limit else ""
+        return QuotaExceeded(f"quota exceeded for {name}{named}: {message}; {QUOTA_HINT}")
+    return Stockout(f"no capacity for {name}: {message}")
+
+
+def is_stockout(code: int, message: str) -> bool:
+    return code == RESOURCE_EXHAUSTED or any(m in message.lower() for m in STOCKOUT_MARKERS)
+
+
+def judged(err: Exception, what: str, name: str, endpoint: str | None) -> Exception:
+    """What a failed call means, as one exception: NotFound, TooManyRequests and AlreadyExists
+    as google-api-core raised them (the caller knows what they mean for its call), Refused,
+    or a ProviderError to retry."""
+    if isinstance(err, (gexc.NotFound, gexc.TooManyRequests, gexc.AlreadyExists)):
+        return err
+    if isinstance(err, gexc.Conflict) and already_exists(err):
+        return gexc.AlreadyExists(err.message)  # over REST, ALREADY_EXISTS is a plain 409
+    if isinstance(err, (gexc.Forbidden, gexc.BadRequest)):
+        if status_of(err) in RETRIED_400S:  # a 400 a later try can pass (a node busy)
+            return ProviderError(f"TPU API {what} {name}: {one_line(err)}")
+        if isinstance(err, gexc.Forbidden):  # over REST a 403 is Forbidden, not its subclass
+            return Refused(PERMISSION_HINT.format(name=name))
+        return Refused(f"TPU API {what} {name} refused the request: {one_line(err)}; fix the "
+                       "stack's node spec and deploy again")  # fmt: skip
+    if isinstance(err, gexc.GoogleAPIError):
+        return ProviderError(f"TPU API {what} {name}: {one_line(err)}")
+    if isinstance(err, OSError):  # requests' ConnectionError is an OSError
+        return ProviderError(f"TPU API at {endpoint or 'tpu.googleapis.com'} unreachable: "
+                             f"{one_line(err)}")  # fmt: skip
+    return err
+
+
+def status_of(err: gexc.GoogleAPICallError) -> str | None:
+    """The error's canonical status: gRPC names it in the class, REST only in the body (over
+    REST google-api-core raises the HTTP code's base class: Conflict for ALREADY_EXISTS,
+    BadRequest for FAILED_PRECONDITION, Forbidden for PERMISSION_DENIED)."""
+    try:
+        return err.response.json()["error"]["status"]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        code = getattr(err, "grpc_status_code", None)
+        return code.name if code is not None else None
+
+
+def already_exists(err: gexc.Conflict) -> bool:
+    """A 409 that means ALREADY_EXISTS (not ABORTED)."""
+    if isinstance(err, gexc.AlreadyExists):
+        return True
+    status = status_of(err)
+    return status == "ALREADY_EXISTS" if status else "already exists" in str(err.message).lower()
+
+
+def one_line(err: BaseException) -> str:
+    text = getattr(err, "message", None) or str(err) or type(err).__name__
+    return " ".join(str(text).split())[:300]
