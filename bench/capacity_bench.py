@@ -45,6 +45,11 @@ def bounded_job(trainer_args: str, minutes: float) -> Job:
                f"max_loss_minutes {minutes:g}")  # fmt: skip
 
 
+def reanalyse(out_dir: Path) -> dict:
+    """The legs' saved records (capacity-LEG-run.json in `out_dir`) analysed again, run nothing."""
+    return {leg: report_run(RunRecord.load(out_dir / f"capacity-{leg}-run.json")) for leg in LEGS}
+
+
 def run(out_dir: Path, rounds: int = 3, min_steps: int = 30, console=None) -> dict:
     result = {}
     for leg, (options, args, minutes) in LEGS.items():
@@ -67,12 +72,13 @@ def report_run(record: RunRecord) -> dict:
 
 
 def seconds_lost(status: list[dict], t0: float, restored_from: int | None) -> float | None:
-    """Wall seconds of work a kill at `t0` cost: from worker 0 first reporting the restored
-    step (before the kill) to the kill."""
-    if restored_from is None:
+    """Wall seconds of work a kill at `t0` cost: from when worker 0's trainer that the kill
+    ended (the last one to report before it) first reported the restored step, to the kill."""
+    before = [s for s in status if s["worker"] == 0 and s["t"] < t0]
+    if restored_from is None or not before:
         return None
-    reached = [s["t"] for s in status
-               if s["worker"] == 0 and s["t"] < t0 and s["step"] >= restored_from]  # fmt: skip
+    killed = before[-1]["pid"]
+    reached = [s["t"] for s in before if s["pid"] == killed and s["step"] >= restored_from]
     return t0 - min(reached) if reached else None
 
 

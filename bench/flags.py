@@ -47,7 +47,7 @@ BY_BENCHMARK: dict[str, tuple[str, ...]] = {
     "infra": (),
     "recovery": ("--record", "--preset", "--set", "--min-steps", "--rounds", "--notice"),
     "job": ("--record", "--job", "--job-rounds", "--rounds", "--notice"),
-    "capacity": ("--rounds", "--min-steps"),
+    "capacity": ("--record", "--rounds", "--min-steps"),
     "goodput": ("--record", "--period", "--steps", "--faults", "--preset", "--set", "--notice"),
     "cost": (),
     "faults": ("--count", "--seed", "--per-leg", "--preset", "--set", "--notice"),

@@ -144,6 +144,14 @@ def recovery_figs(a, console) -> list[Figure]:
 def capacity_figs(a, console) -> list[Figure]:
     from bench import capacity_bench
 
+    if a.record:  # re-analyse the saved runs in that directory
+        from bench.podrun import RunRecord
+
+        r = capacity_bench.reanalyse(a.record)
+        save("capacity", r)
+        ended = max(RunRecord.load(a.record / f"capacity-{leg}-run.json").finished
+                    for leg in capacity_bench.LEGS)  # fmt: skip
+        return measured_at(capacity_bench.figures(r), ended, "runs ended")
     r = capacity_bench.run(OUT, rounds=a.rounds, min_steps=a.min_steps, console=console)
     save("capacity", r)
     return capacity_bench.figures(r)

@@ -225,6 +225,9 @@ def _stockout(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise PodError("--count must be >= 1")
     where = f" in {args.zone}" if args.zone else ""
+    if args.unavailable:
+        return _call(args, lambda pod: f"next {pod.inject_unavailable(args.count)} TPU API "
+                     "call(s) will answer HTTP 503 UNAVAILABLE")  # fmt: skip
     if args.quota:
         return _call(args, lambda pod: f"next {pod.inject_quota(args.count, args.zone)} "
                      f"create(s){where} will be refused for quota (HTTP 429)")  # fmt: skip
@@ -342,6 +345,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     stockout.add_argument("--count", type=int, default=1, help="creates to fail")
     stockout.add_argument("--zone", choices=ZONES, help="only in this zone [any zone]")
+    stockout.add_argument(
+        "--unavailable", action="store_true",
+        help="instead: the next COUNT TPU API calls of any kind answer HTTP 503 (an outage)",
+    )  # fmt: skip
     stockout.add_argument(
         "--quota", action="store_true",
         help="refuse at once with HTTP 429 naming a quota, as a spent quota does",

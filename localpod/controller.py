@@ -239,6 +239,9 @@ class _ApiHandler(BaseHTTPRequestHandler):
                     int(query.get("count", "1")), query.get("zone")
                 )
             },
+            "/unavailable": lambda: {
+                "pending": ctl.tpu.service.inject_unavailable(int(query.get("count", "1")))
+            },
             "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "0"))),
             "/maintenance": lambda: ctl.slice.maintain(float(query.get("seconds", "5"))),
             "/crash": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGKILL)},

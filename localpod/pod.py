@@ -335,6 +335,10 @@ class LocalPod:
         where = f"&zone={zone}" if zone else ""
         return self._request("POST", f"/stockout?count={count}{where}")["pending"]
 
+    def inject_unavailable(self, count: int = 1) -> int:
+        """The next `count` TPU API calls of any kind answer HTTP 503 UNAVAILABLE."""
+        return self._request("POST", f"/unavailable?count={count}")["pending"]
+
     def inject_quota(self, count: int = 1, zone: str | None = None) -> int:
         """The next `count` creates (in `zone`; None: any) are refused at once for quota (HTTP
         429, as Google does)."""

@@ -61,6 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         service = self.server.service
         try:
+            service.refuse_if_unavailable()
             action, match = _route(self.command, url.path)
             args = match.groupdict()
             if action == "create_node":

@@ -70,6 +70,7 @@ class TpuService:
         self.operations = Operations()
         self._stockouts: dict[str | None, int] = {}  # zone (None: any) -> creates to refuse
         self._quota_refusals: dict[str | None, int] = {}
+        self._unavailable = 0  # the next calls of any kind answer 503
 
     # -- names -------------------------------------------------------------------------------
     def location(self, project: str, zone: str, listing: bool = False) -> str:
@@ -188,6 +189,18 @@ class TpuService:
             self.slice.delete(on_done=gone)
         except PodError as err:
             raise ApiError("FAILED_PRECONDITION", str(err)) from None
+
+    def inject_unavailable(self, count: int = 1) -> int:
+        """The next `count` calls of any kind answer HTTP 503 UNAVAILABLE (an outage)."""
+        with self._lock:
+            self._unavailable += count
+            return self._unavailable
+
+    def refuse_if_unavailable(self) -> None:
+        with self._lock:
+            if self._unavailable:
+                self._unavailable -= 1
+                raise ApiError("UNAVAILABLE", "The service is currently unavailable.")
 
     def refuse_for_quota(self, zone: str) -> None:
         """HTTP 429 naming the quota, if one is pending for `zone` (a create refused at once)."""

@@ -19,6 +19,7 @@ HTTP_STATUS = {
     "ALREADY_EXISTS": 409,
     "RESOURCE_EXHAUSTED": 429,
     "UNIMPLEMENTED": 501,
+    "UNAVAILABLE": 503,
 }
 # Node fields a request may set; the output-only ones are ignored, as Google does.
 INPUT_FIELDS = frozenset((

@@ -205,3 +205,22 @@ def test_a_quota_refusal_is_named_backed_off_and_sends_the_slice_to_the_next_zon
     assert (watcher.incident.stockouts, watcher.incident.quota_refusals) == (0, 1)
     info = pod_provider(pod.paths.root).describe()
     assert (info.state, info.zone) == (SliceState.READY, there)
+
+
+def test_an_outage_of_the_tpu_api_is_retried_and_recovery_goes_on(
+    pod: LocalPod, tmp_path: Path
+) -> None:
+    """HTTP 503 UNAVAILABLE (google-cloud-tpu sets no retry of its own): a transient error, each
+    call journaled as one `error` line and tried again on a later poll; never a give-up."""
+    provider = pod_provider(pod.paths.root)
+    journal = Journal(tmp_path / "journal.jsonl")
+    watcher = Watcher(provider, journal, CONFIG, store=IncidentStore(tmp_path / "incident.json"))
+    pod.preempt(notice=0)
+    pod.inject_unavailable(3)
+    drive(watcher, phase_is(Phase.AWAITING_RESUME))
+    watcher.close()
+    assert pod.inject_unavailable(0) == 0  # all three were answered, and retried past
+    errors = [e["message"] for e in journal.events if e["event"] == "error"]
+    assert errors and all("unavailable" in m.lower() for m in errors), errors
+    names = [e["event"] for e in journal.events]
+    assert "gave_up" not in names and names.count("recreated") == 1, names

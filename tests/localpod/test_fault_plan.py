@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from localpod import faults
-from localpod.faults import STOCKOUT_CREATES
 from localpod.demo.observer import Fault, FaultPlan
+from localpod.faults import STOCKOUT_CREATES
 
 
 class _Pod:
