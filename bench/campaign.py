@@ -1,7 +1,7 @@
 """The fault campaign: `uv run python -m bench faults --count 100 [--seed S]`.
 
 A seeded random mix of faults (localpod.faults.KINDS: notices, kills, crashes, hangs, kills during a
-save, stockouts on the re-create, watch kills mid-recovery) goes into long `tiny` runs on the
+save, stockouts on the re-create, watch kills mid-recovery, a damaged newest checkpoint) goes into long `tiny` runs on the
 local pod through the real `watch`, one fault whenever the job is healthy again and has stepped
 past one more checkpoint. The campaign runs in legs (`--per-leg` faults each, one pod run: the
 pod's GCS is in memory, so a run cannot outlive its pod); after every leg its
@@ -32,7 +32,7 @@ from ops.target import write_atomic
 
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,
-       "watch-kill": 1}  # fmt: skip
+       "watch-kill": 1, "damaged-newest": 1}  # fmt: skip
 assert set(MIX) <= set(KINDS)
 
 
@@ -72,11 +72,15 @@ def survey_checkpoints(pod) -> dict:
     }
 
 
-def leg_result(record: RunRecord, reference: dict | None) -> dict:
-    """One leg's faults, each judged, and the leg's end state (fingerprint, checkpoints)."""
+def leg_result(record: RunRecord, reference: dict | None, interval: int = 0) -> dict:
+    """One leg's faults, each judged, and the leg's end state (fingerprint, checkpoints). A step
+    the fault itself damaged (damaged-newest) is not the trainers' to keep: the one before it
+    (`interval` steps earlier) is the newest committed step that must be restored."""
     faults = []
     for fault, inc in zip(record.injected, incidents(record), strict=True):
         before = inc["committed_before"]
+        if fault.get("damaged") is not None and before == fault["damaged"]:
+            before -= interval
         restored = inc["restored_from"]
         m = inc["milestones"]
         start = m.get("detected") if fault["kind"] == "hang" else m["injected"]
@@ -92,6 +96,7 @@ def leg_result(record: RunRecord, reference: dict | None) -> dict:
                 "committed_lost": restored is not None and before is not None and restored < before,
                 "steps_lost": inc["steps_lost"],
                 "recovery_s": first - start if first is not None and start else None,
+                "damaged": fault.get("damaged"),  # the step the fault itself damaged
             }
         )
     fp = (record.summary or {}).get("params_fingerprint")
@@ -144,7 +149,7 @@ def run(
         record.save(folder / f"leg-{index + 1}.json")
         if record.reference is not None:
             state["reference"] = record.reference
-        state["legs"].append(leg_result(record, state.get("reference")))
+        state["legs"].append(leg_result(record, state.get("reference"), interval))
         write_atomic(path, state, indent=1)
     result = summarise(state)
     result["legs_run_now"] = len(state["legs"]) - done_before
@@ -175,6 +180,12 @@ def summarise(state: dict) -> dict:
             "recovery_s": [f["recovery_s"] for f in mine if f["recovery_s"] is not None],
         }
     checks = [leg["checkpoints"] for leg in state["legs"]]
+    # A step a fault of the same leg damaged on purpose is set aside by design; any other is a
+    # finding (each leg is a run of its own: step numbers repeat across legs).
+    expected = [name for leg in state["legs"]
+                for name in leg["checkpoints"].get("set_aside", [])
+                if int(name.split(".")[0]) in {f.get("damaged") for f in leg["faults"]}]  # fmt: skip
+    aside = [name for c in checks for name in c.get("set_aside", [])]
     return {
         "count": state["count"],
         "seed": state["seed"],
@@ -184,9 +195,10 @@ def summarise(state: dict) -> dict:
         "legs": len(state["legs"]),
         "kinds": kinds,
         "committed_lost": sum(f["committed_lost"] for f in faults),
-        "unreadable": sum(
-            len(c.get("unreadable", [])) + len(c.get("set_aside", [])) for c in checks
-        ),
+        "unreadable": sum(len(c.get("unreadable", [])) for c in checks)
+        + len(aside)
+        - len(expected),
+        "damaged_set_aside": len(expected),
         "check_errors": [c["error"] for c in checks if "error" in c],
         "fingerprints_equal": all(leg["fingerprint_equal"] for leg in state["legs"]),
         "outcomes": [leg["outcome"] for leg in state["legs"]],

@@ -111,11 +111,13 @@ class Schedule:
         notice = self.notice if kind == "notice" else 0.0  # every other kind is without notice
         faults.kind_of(kind)  # an unknown kind is a mistake in the schedule, not a deferral
         try:
-            faults.inject(self.pod, kind, notice)
+            done = faults.inject(self.pod, kind, notice)
         except Exception as err:  # noqa: BLE001 - the slice moved on; try again next poll
             watcher.journal.event("error", f"fault injection deferred: {err}")
             return
         record = {"time": started, "kind": kind, "notice": notice, "step": step}
+        if isinstance(done, dict):  # what the fault did besides (damaged-newest: the step)
+            record.update(done)
         if kind in KILLS_WATCH:
             self._kill_watch_in = 1 + sum(f["kind"] in KILLS_WATCH for f in self.injected) % 3
         self.injected.append(record)

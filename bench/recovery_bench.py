@@ -198,6 +198,7 @@ LABELS = {
     "save-kill": "kill during a save",
     "stockout": "kill, stockout on recreate",
     "watch-kill": "kill, watch killed mid-recovery",
+    "damaged-newest": "kill, newest checkpoint damaged",
 }
 RECOVERY_GOAL_S = 15.0
 

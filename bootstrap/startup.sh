@@ -340,7 +340,8 @@ phase_job_env() {
     echo "TPUPOD_CHECKPOINT_DIR=$MD_RUN_DIR/checkpoints"
     echo "TPUPOD_STATUS_FILE=$TPUPOD_ROOT/status.json"
     echo "TPUPOD_GRACE_S=$grace"
-    echo "TPUPOD_MAX_LOSS_S=$(awk -v m="${max_loss:-5}" 'BEGIN { printf "%d", m * 60 }')"
+    echo "TPUPOD_MAX_LOSS_S=$(awk -v m="${max_loss:-5}" \
+      'BEGIN { s = int(m * 60 + 0.999); if (s < 1) s = 1; printf "%d", s }')"
     echo "TPUPOD_COMPILE_CACHE=${MD_COMPILE_CACHE:-off}"
     echo "GCE_METADATA_HOST=$GCE_METADATA_HOST"
     # Storage emulator access (local pod) travels through the standard variables only.

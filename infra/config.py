@@ -241,6 +241,9 @@ class StackConfig(BaseModel):
             )
         object.__setattr__(self, "zones", check_zones(self.zones, self.zone,
                                                       accelerator.zones, generation))  # fmt: skip
+        if self.reservation and len(self.zones) > 1:
+            raise ConfigError("reservation", "a reservation lives in one zone; list only that "
+                              "zone in tpupod:zones, or remove one of the two keys")  # fmt: skip
         if self.reservation and self.provisioning != "reserved":
             raise ConfigError("reservation", f"names a reservation, but tpupod:provisioning is "
                               f"{self.provisioning}; set it to reserved or remove the key")  # fmt: skip

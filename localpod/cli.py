@@ -21,7 +21,7 @@ from infra.config_checks import CREATE_VIAS
 from localpod import tpu_client
 from localpod.metadata_server import ZONES
 from localpod.pod import LocalPod
-from localpod.state import PodError
+from localpod.state import PodError, SliceState
 
 USER_ERRORS = (PodError, jobs.JobError)
 
@@ -185,6 +185,8 @@ def _maintenance(args: argparse.Namespace) -> int:
 
     def maintain(pod: LocalPod) -> str:
         info = pod.maintenance(args.seconds)
+        if info.state is SliceState.PREEMPTED:
+            return "slice PREEMPTED: host maintenance ends a spot node"
         return f"slice {info.state}, {info.health} after {args.seconds:g} s of host maintenance"
 
     return _call(args, maintain)

@@ -20,6 +20,41 @@ def _preempt(pod, notice: float, worker: int) -> object:
     return pod.preempt(notice=notice, wait=False)
 
 
+def _kill_and_damage(pod, notice: float, worker: int) -> dict:
+    """A preemption without notice, then the newest verified checkpoint damaged in the bucket
+    (its largest state file cut to half), before any new trainer can read it."""
+    pod.preempt(notice=0.0, wait=True)
+    try:  # the kill happened: whatever the damage does, the fault is recorded
+        return {"damaged": damage_newest(pod)}
+    except (OSError, ValueError) as err:  # urllib's errors are OSErrors
+        return {"damaged": None, "damage_error": str(err)}
+
+
+def damage_newest(pod) -> int | None:
+    """Cut the largest state file of the run's newest verified step (it has its manifest) to
+    half its size, through the pod's GCS emulator; returns that step (None: no such step)."""
+    from localpod import storage
+    from trainer.manifest import NAME as MANIFEST  # a verified step has one
+
+    endpoints = pod.endpoints()
+    url, bucket = endpoints["storage"].rstrip("/"), endpoints["bucket"]
+    prefix = f"{pod.run_prefix}/checkpoints/"
+    objects = storage.list_objects(url, bucket, prefix)
+    verified = sorted({int(o["name"][len(prefix):].split("/")[0]) for o in objects
+                       if o["name"].endswith(f"/{MANIFEST}")
+                       and o["name"][len(prefix):].split("/")[0].isdigit()})  # fmt: skip
+    if not verified:
+        return None
+    step = verified[-1]
+    state = [o for o in objects if o["name"].startswith(f"{prefix}{step}/state/")]
+    if not state:
+        return None
+    largest = max(state, key=lambda o: o["size"])
+    data = storage.download(url, bucket, largest["name"])
+    storage.upload(url, bucket, largest["name"], data[: len(data) // 2], "application/octet-stream")
+    return step
+
+
 KINDS: dict[str, FaultKind] = {
     "notice": FaultKind("preemption with {notice:g} s notice (SIGTERM, the job saves, then the "
                         "slice goes)", "preemption", _preempt),
@@ -36,6 +71,9 @@ KINDS: dict[str, FaultKind] = {
                           "preemption", lambda pod, notice, worker: (
                               pod.inject_stockout(STOCKOUT_CREATES, zone="node"),
                               _preempt(pod, notice, worker))),
+    "damaged-newest": FaultKind("preemption without notice, then the newest checkpoint damaged "
+                                "(its largest state file cut to half)", "preemption",
+                                _kill_and_damage),
     "watch-kill": FaultKind("preemption without notice, and the watch dies mid-recovery (a new "
                             "one goes on from incident.json)", "preemption", _preempt),
 }  # fmt: skip

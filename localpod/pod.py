@@ -374,6 +374,8 @@ class LocalPod:
         self._request("POST", f"/maintenance?seconds={seconds}")
         if not wait:
             return self.describe()
+        if self.describe().preempted:  # a spot node: maintenance ended it
+            return self.wait_for({SliceState.PREEMPTED}, 60)
         deadline = time.monotonic() + seconds + 60
         while (info := self.describe()).health != "HEALTHY" or info.state is not SliceState.READY:
             if time.monotonic() > deadline or info.state is not SliceState.READY:

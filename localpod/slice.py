@@ -265,6 +265,7 @@ class Slice:
         try:
             self._wait_ready()
         except PodError as err:
+            self.store.set_maintenance_event("NONE")
             with self._lock:
                 self._busy = False
                 self._set(SliceState.TERMINATED, detail=f"reboot after maintenance failed: {err}")

@@ -7,6 +7,7 @@ client makes against GCS, so nothing here knows it is talking to an emulator.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -98,6 +99,22 @@ def download(url: str, bucket: str, name: str) -> bytes:
     object_url = f"{url}/storage/v1/b/{bucket}/o/{quote(name, safe='')}?alt=media"
     with urllib.request.urlopen(object_url, timeout=60) as resp:
         return resp.read()
+
+
+def list_objects(url: str, bucket: str, prefix: str) -> list[dict]:
+    """Every object under `prefix` ({"name", "size"}), page by page as the JSON API serves them."""
+    found, token = [], ""
+    while True:
+        page = f"&pageToken={quote(token, safe='')}" if token else ""
+        with urllib.request.urlopen(
+            f"{url}/storage/v1/b/{bucket}/o?prefix={quote(prefix, safe='')}{page}", timeout=60
+        ) as resp:
+            listing = json.loads(resp.read())
+        found += [{"name": o["name"], "size": int(o.get("size", 0))}
+                  for o in listing.get("items", [])]  # fmt: skip
+        token = listing.get("nextPageToken", "")
+        if not token:
+            return found
 
 
 def upload_bundle(url: str, bucket: str, bundle: Bundle) -> None:

@@ -103,22 +103,27 @@ class QueuedResources:
     def delete_queued_resource(self, project: str, zone: str, queued_resource_id: str,
                                force: bool = False) -> dict:  # fmt: skip
         record = self._found(project, zone, queued_resource_id)
-        node = self._live_node(record)
-        if node is not None and not force:
-            raise ApiError("FAILED_PRECONDITION", f'Queued resource "{record["name"]}" has a node; '
-                           "delete the node first, or delete with force.")  # fmt: skip
-        operation = self.nodes.operations.new(record["name"], "delete")
-        record["phase"] = "DELETING"
 
         def forget() -> None:
             with self._lock:
                 self._requests.pop(record["name"], None)
             self.nodes.operations.finish(operation, {"response": {"@type": EMPTY_TYPE}})
 
+        with self._lock:  # no retry (_try) boots a node between this check and DELETING
+            node = self._live_node(record)
+            if node is not None and not force:
+                raise ApiError("FAILED_PRECONDITION", f'Queued resource "{record["name"]}" has a '
+                               "node; delete the node first, or delete with force.")  # fmt: skip
+            operation = self.nodes.operations.new(record["name"], "delete")
+            if node is not None:
+                try:
+                    self.nodes.remove(node, forget)
+                except ApiError:  # the slice is busy: the request stays as it was
+                    self.nodes.operations.drop(operation)
+                    raise
+            record["phase"] = "DELETING"
         if node is None:
             forget()
-        else:
-            self.nodes.remove(node, forget)
         return copy(operation)
 
     def reset_queued_resource(self, project: str, zone: str, queued_resource_id: str) -> dict:
@@ -139,7 +144,12 @@ class QueuedResources:
         return node if node is not None and self.nodes.live(node["name"]) is node else None
 
     def _try(self, record: dict) -> None:
-        """Capacity now (provision the node), or wait and try again in RETRY_S."""
+        """Capacity now (provision the node), or wait and try again in RETRY_S; under the lock,
+        so a request deleted meanwhile never boots a node."""
+        with self._lock:
+            self._try_locked(record)
+
+    def _try_locked(self, record: dict) -> None:
         if record["phase"] not in ("ACCEPTED", "WAITING_FOR_RESOURCES"):
             return
         if record["deadline"] is not None and time.time() > record["deadline"]:

@@ -22,6 +22,7 @@ ON_ITS_WAY = {"CREATING", "ACCEPTED", "PROVISIONING", "WAITING_FOR_RESOURCES"}
 FILLED = "ACTIVE"
 WAITING = "WAITING_FOR_RESOURCES"  # in the zone's queue: no capacity yet
 DEAD = {"FAILED", "SUSPENDING", "SUSPENDED", "DELETING", "MISSING"}  # delete it and file again
+UNFILLED = "FAILED"  # never filled here (its validUntilDuration passed, or provisioning failed)
 MISSING = "MISSING"  # no such request (deleted, or never filed)
 
 

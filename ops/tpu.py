@@ -103,8 +103,8 @@ class TpuProvider:
         health = tpu_v2.Node.Health(node.health).name if node.health else None
         workers = self.workers(node) if state is SliceState.READY else []
         spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
-        return SliceInfo(state, health, workers, node.health_description or state.value,
-                         dict(node.metadata), spot, self.zone)  # fmt: skip
+        detail = "; ".join([node.health_description or state.value, *symptoms(node)])
+        return SliceInfo(state, health, workers, detail, dict(node.metadata), spot, self.zone)
 
     def _node(self) -> tpu_v2.Node | None:
         try:
@@ -116,14 +116,17 @@ class TpuProvider:
         """The node in another of tpupod:zones (a watch restarted after a move; `tpupod
         status`): there it is from now on."""
         here = self.zone
-        for zone in self.zones:
-            if zone == here:
-                continue
-            self.zone = zone
-            if (node := self._node()) is not None:
-                return node
-        self.zone = here
-        return None
+        try:
+            for zone in self.zones:
+                if zone == here:
+                    continue
+                self.zone = zone
+                if (node := self._node()) is not None:
+                    here = zone
+                    return node
+            return None
+        finally:
+            self.zone = here
 
     def refresh_spec(self) -> list[str]:
         """The live node's metadata into the spec a recreate uses, so it never goes back to an
@@ -207,12 +210,13 @@ class TpuProvider:
             return None
         return op.operation.name
 
-    def abandon_request(self) -> None:
+    def abandon_request(self) -> bool:
         """Withdraw a request still waiting in this zone's queue (recovery moves on to another
-        zone); its delete is not waited for: it has no node."""
+        zone); its delete is not waited for: it has no node. True once none is left asking."""
         with contextlib.suppress(gexc.NotFound):
             self._call("queuedResources.delete", self.client.delete_queued_resource,
                        request={"name": self.request_name, "force": True})  # fmt: skip
+        return True
 
     def start_create(self, attempt: int | None = None) -> str | None:
         """None when the node (or its request) already exists (a create issued before a restart
@@ -236,6 +240,8 @@ class TpuProvider:
             raise refused(err, f"{self.name} in {self.zone}") from None
         except gexc.AlreadyExists:
             return None
+        except gexc.NotFound as err:  # e.g. a reservation the zone does not have
+            raise ProviderError(f"create of {self.name} in {self.zone}: {err.message}") from None
         return op.operation.name
 
     def recreate(self, timeout: float = 600.0, poll: float = 0.5) -> OperationStatus:
@@ -265,6 +271,13 @@ class TpuProvider:
             return method(**kwargs, timeout=CALL_TIMEOUT)
         except Exception as err:  # judged by its body: ops.tpu_errors
             raise judged(err, what, self.node_name, self.target.api_endpoint) from None
+
+
+def symptoms(node: tpu_v2.Node) -> list[str]:
+    """What the TPU API saw go wrong on the node (OUT_OF_MEMORY on worker 1, ...), for the
+    incident's reason and `tpupod status`."""
+    return [f"{tpu_v2.Symptom.SymptomType(s.symptom_type).name} on worker {s.worker_id or '?'}"
+            + (f" ({s.details})" if s.details else "") for s in node.symptoms]  # fmt: skip
 
 
 def make_client(target: Target) -> tpu_v2.TpuClient:

@@ -65,9 +65,11 @@ def is_stockout(code: int, message: str) -> bool:
 
 
 def judged(err: Exception, what: str, name: str, endpoint: str | None) -> Exception:
-    """What a failed call means, as one exception: NotFound, TooManyRequests and AlreadyExists
-    as google-api-core raised them (the caller knows what they mean for its call), Refused,
-    or a ProviderError to retry."""
+    """What a failed call means, as one exception: NotFound, AlreadyExists and a create's
+    TooManyRequests as google-api-core raised them (the caller knows what they mean for its
+    call), Refused, or a ProviderError to retry (a 429 on any other call is a rate limit)."""
+    if isinstance(err, gexc.TooManyRequests) and "create" not in what:
+        return ProviderError(f"TPU API {what} {name}: {one_line(err)}")  # a rate limit: later
     if isinstance(err, (gexc.NotFound, gexc.TooManyRequests, gexc.AlreadyExists)):
         return err
     if isinstance(err, gexc.Conflict) and already_exists(err):

@@ -55,6 +55,7 @@ def create(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 
 def queued(w: WatcherApi, inc: Incident, detail: str) -> None:
+    inc.request_state, inc.request_since = None, 0.0  # a new request: its states timed afresh
     w.journal.event("queued", f"queued resource filed in {w.provider.zone}: the node comes when "
                     "the zone has capacity", zone=w.provider.zone)  # fmt: skip
 
@@ -80,9 +81,9 @@ def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
         raise GiveUp(f"gave up after {count} {kind} refusals (budget {budget}): {detail}")
     here = w.provider.zone
     inc.zone_tries[here] = inc.zone_tries.get(here, 0) + 1
-    if w.provider.queued:
-        w.api(w.provider.abandon_request)
     there = w.provider.next_zone()
+    if w.provider.queued and w.api(w.provider.abandon_request) is None:
+        there = here  # not withdrawn (a TPU API error): never leave a live request behind
     w.provider.move_to(there)
     inc.zone = there
     wait = wait_for(inc.zone_tries.get(there, 0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ops import queued
 from ops.job_status import STARTING_STATES, JobRules
 from ops.watch.table import Phase
 
@@ -61,7 +62,7 @@ class WatchConfig:
     quota_backoff: float = GCP["quota"]
     quota_backoff_cap: float = 1800.0
     zone_patience: float = GCP["patience"]  # queued this long in one zone: the next one's turn
-    queue_deadline: float = float("inf")  # a queued resource's own validUntilDuration ends it
+    queue_deadline: float = float("inf")  # one zone: its own validUntilDuration ends the wait
     ssh_retries: int = 3
     # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
     # ignore SIGTERM (a job's grace_s is for a preemption's save, which these cannot make).
@@ -72,10 +73,17 @@ class WatchConfig:
         return {
             Phase.AWAITING_DELETE: self.operation_deadline,
             Phase.AWAITING_CREATE: self.operation_deadline,
-            Phase.AWAITING_QUEUED: self.queue_deadline,
             Phase.AWAITING_READY: self.ready_deadline,
             Phase.AWAITING_BOOTSTRAP: self.limits.bootstrap,
         }.get(phase, float("inf"))
+
+    def request_limit(self, state: str, zones: int) -> float:
+        """How long a queued resource may stay in `state` (its phase times each state): in
+        the zone's queue, the zone's patience when another zone can be tried; provisioning,
+        as a create's node to READY; accepted or being created, as an operation."""
+        if state == queued.WAITING:
+            return self.zone_patience if zones > 1 else self.queue_deadline
+        return self.ready_deadline if state == "PROVISIONING" else self.operation_deadline
 
     def retry_wait(self, attempt: int) -> float:
         return backoff(attempt, self.backoff_base, self.backoff_cap)

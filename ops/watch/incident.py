@@ -32,6 +32,8 @@ class Incident:
     quota_refusals: int = 0  # creates refused for quota in this incident
     zone: str | None = None  # where the slice is being recreated (one of tpupod:zones)
     zone_tries: dict[str, int] = field(default_factory=dict)  # refusals per zone: its backoff
+    request_state: str | None = None  # the queued resource's state as last seen, and since when
+    request_since: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -49,6 +51,7 @@ class WatchState:
     since: float = 0.0  # the last (re)start of the trainer: older trainer files are stale
     last_step: int = 0
     attempt: int = 0  # the newest attempt of the job seen or started (the next one is + 1)
+    zone: str | None = None  # where the slice was last (one of tpupod:zones)
     incident: Incident | None = None
 
 

@@ -163,16 +163,19 @@ def operation_event(
     return Event.DEADLINE if waited > deadline else Event.RUNNING
 
 
-def request_event(state: str, waited: float, patience: float, deadline: float) -> Event:
-    """A queued resource (ops.queued): filled, dead (filed anew), or still on its way; a request
-    that has waited in this zone's queue past `patience` gives another zone its turn."""
+def request_event(state: str, waited: float, limit: float) -> Event:
+    """A queued resource (ops.queued) `waited` seconds in `state`: filled, dead (filed anew), or
+    on its way until its state's `limit` (WatchConfig.request_limit); past it a request still in
+    the zone's queue gives another zone its turn, one stuck elsewhere is filed anew."""
     if state == queued.FILLED:
         return Event.DONE
+    if state == queued.UNFILLED:  # expired or not provisioned here: another zone's turn
+        return Event.STOCKOUT
     if state in queued.DEAD:
         return Event.GONE
-    if state == queued.WAITING and waited > patience:
-        return Event.STOCKOUT
-    return Event.DEADLINE if waited > deadline else Event.RUNNING
+    if waited > limit:
+        return Event.STOCKOUT if state == queued.WAITING else Event.DEADLINE
+    return Event.RUNNING
 
 
 def slice_event(state: SliceState, waited: float, deadline: float) -> Event:

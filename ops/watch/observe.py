@@ -34,14 +34,21 @@ def operation(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> S
 
 
 def request(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    """The queued resource's state, timed per state (persisted: a restarted watch goes on)."""
     status = w.api(w.provider.request_status)
     if status is None:
         return None
-    patience = w.config.zone_patience if len(w.provider.zones) > 1 else float("inf")
-    event = judge.request_event(status.state, waited, patience, deadline)
+    now = time.time()
+    if status.state != inc.request_state:
+        inc.request_state, inc.request_since = status.state, now
+    in_state = now - inc.request_since
+    limit = w.config.request_limit(status.state, len(w.provider.zones))
+    event = judge.request_event(status.state, in_state, limit)
     detail = f"queued resource in {w.provider.zone} {status.state}"
     if event is Event.STOCKOUT:
-        detail = f"no capacity in {w.provider.zone}: queued for {waited:.0f}s"
+        detail = f"no capacity in {w.provider.zone}: queued for {in_state:.0f}s"
+    elif event is Event.DEADLINE:
+        detail = f"queued resource {status.state} for {in_state:.0f}s (limit {limit:.0f}s)"
     return event, f"{detail}: {status.detail}" if status.detail else detail
 
 

@@ -74,8 +74,9 @@ class Watcher:
         self.store = store or IncidentStore(None)
         self.state = self.store.load() or WatchState(since=time.time())
         inc = self.state.incident
-        if inc is not None and inc.open and inc.zone in provider.zones:
-            provider.move_to(inc.zone)  # a recreate under way in another zone goes on there
+        zone = inc.zone if inc is not None and inc.open and inc.zone else self.state.zone
+        if zone in provider.zones:
+            provider.move_to(zone)  # where the slice was (a recreate under way goes on there)
         self.progress = Progress(self.state, journal, self.rules)
         self.first_seen: dict[str, float] = {}
         self.group: WorkerGroup | None = None
@@ -287,6 +288,7 @@ class Watcher:
         return time.time() - self.first_seen.get(str(key), time.time())
 
     def _save(self) -> None:
+        self.state.zone = self.provider.zone
         snapshot = asdict(self.state)
         if snapshot != self._saved:
             self.store.save(self.state)

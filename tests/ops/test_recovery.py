@@ -294,23 +294,27 @@ def test_a_bundle_the_workers_do_not_run_is_rolled_out_only_onto_a_calm_slice_th
 
 
 @pytest.mark.parametrize(
-    ("state", "waited", "event"),
+    ("state", "waited", "zones", "event"),
     [
-        ("ACTIVE", 99.0, Event.DONE),
-        ("SUSPENDED", 0.0, Event.GONE),  # preempted: delete it and file anew
-        ("FAILED", 0.0, Event.GONE),
-        ("MISSING", 0.0, Event.GONE),
-        ("ACCEPTED", 5.0, Event.RUNNING),
-        ("WAITING_FOR_RESOURCES", 5.0, Event.RUNNING),
-        ("WAITING_FOR_RESOURCES", 11.0, Event.STOCKOUT),  # past the zone's patience
-        ("PROVISIONING", 11.0, Event.RUNNING),  # capacity found: patience is for the queue only
-        ("PROVISIONING", 21.0, Event.DEADLINE),
+        ("ACTIVE", 99.0, 1, Event.DONE),
+        ("SUSPENDED", 0.0, 1, Event.GONE),  # preempted: delete it and file anew
+        ("FAILED", 0.0, 1, Event.STOCKOUT),  # never filled here: the next zone, a budget spent
+        ("MISSING", 0.0, 1, Event.GONE),
+        ("ACCEPTED", 5.0, 1, Event.RUNNING),
+        ("ACCEPTED", 31.0, 1, Event.DEADLINE),  # an operation's limit
+        ("WAITING_FOR_RESOURCES", 5.0, 2, Event.RUNNING),
+        ("WAITING_FOR_RESOURCES", 11.0, 2, Event.STOCKOUT),  # past the zone's patience
+        ("WAITING_FOR_RESOURCES", 1e6, 1, Event.RUNNING),  # one zone: the queue is the wait
+        ("PROVISIONING", 19.0, 2, Event.RUNNING),  # capacity found: patience was the queue's
+        ("PROVISIONING", 21.0, 2, Event.DEADLINE),  # as a create's node to READY
     ],
 )
-def test_a_queued_resource_state_is_one_event(state, waited, event):
+def test_a_queued_resource_state_is_one_event_timed_per_state(state, waited, zones, event):
+    from ops.watch.deadlines import WatchConfig
     from ops.watch.judge import request_event
 
-    assert request_event(state, waited, patience=10.0, deadline=20.0) is event
+    config = WatchConfig(zone_patience=10.0, ready_deadline=20.0, operation_deadline=30.0)
+    assert request_event(state, waited, config.request_limit(state, zones)) is event
 
 
 def test_refusals_back_off_per_zone_each_kind_on_its_own_budget():
@@ -321,3 +325,27 @@ def test_refusals_back_off_per_zone_each_kind_on_its_own_budget():
     assert config.capacity_wait(1) == PROFILES["gcp"]["capacity"]
     assert config.quota_wait(1) == PROFILES["gcp"]["quota"] > config.capacity_wait(1)
     assert config.quota_wait(20) == config.quota_backoff_cap
+
+
+def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
+    """Moving on from a zone whose request waited out its patience files a new request that is
+    first seen in the same state: it gets its own patience (found in review)."""
+    import time
+    from types import SimpleNamespace
+
+    from ops import queued
+    from ops.watch import actions, observe
+    from ops.watch.deadlines import WatchConfig
+    from ops.watch.incident import Incident
+
+    provider = SimpleNamespace(zone="b", zones=["a", "b"], request_status=lambda: (
+        queued.QueuedStatus(queued.WAITING)))  # fmt: skip
+    journal = SimpleNamespace(event=lambda *a, **k: None)
+    w = SimpleNamespace(provider=provider, journal=journal, config=WatchConfig(zone_patience=10.0),
+                        api=lambda call: call())  # fmt: skip
+    inc = Incident("preemption", "", 0.0, 0, request_state=queued.WAITING,
+                   request_since=time.time() - 60)  # fmt: skip
+    actions.queued(w, inc, "")
+    assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.RUNNING
+    inc.request_since -= 11  # this request's own patience spent
+    assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.STOCKOUT

@@ -86,3 +86,17 @@ def test_permission_and_invalid_requests_are_refused_and_a_precondition_is_retri
     assert not isinstance(retried.value, Refused)
     with pytest.raises(Refused, match="node spec"):
         provider._call("create", _raising(_rest(400, "INVALID_ARGUMENT", "bad acceleratorType")))
+
+
+def test_a_429_outside_a_create_is_a_rate_limit_retried():
+    """Found in review: a 429 on a get (the API's per-minute request quota) must not escape the
+    watcher as an exception; only a create's 429 is judged for quota or capacity."""
+    from google.api_core import exceptions as gexc
+
+    from ops.provider import ProviderError
+    from ops.tpu_errors import judged
+
+    err = gexc.TooManyRequests("Quota exceeded for quota metric 'Read requests'")
+    assert type(judged(err, "queuedResources.get", "n", None)) is ProviderError
+    assert judged(err, "queuedResources.create", "n", None) is err
+    assert judged(err, "create", "n", None) is err
