@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from google.cloud import tpu_v2
 
 # QueuedResourceState.State names, by what recovery does about them.
-ON_ITS_WAY = {"CREATING", "ACCEPTED", "PROVISIONING", "WAITING_FOR_RESOURCES"}
 FILLED = "ACTIVE"
 WAITING = "WAITING_FOR_RESOURCES"  # in the zone's queue: no capacity yet
 DEAD = {"FAILED", "SUSPENDING", "SUSPENDED", "DELETING", "MISSING"}  # delete it and file again
