@@ -81,7 +81,7 @@ class WorkerGroup:
         self.by_index = {w.index: w for w in self.workers}
         self.connections = {
             w.index: pinned(
-                Connection(
+                BoundedConnection(
                     w.host,
                     user=w.user,
                     port=w.port,
@@ -224,6 +224,19 @@ def sudo_refused(stderr: str) -> bool:
         line.startswith("sudo:") or line.endswith("sudo: command not found")
         for line in (ln.strip() for ln in (stderr or "").splitlines())
     )
+
+
+class BoundedConnection(Connection):
+    """A connection whose channel opens are bounded by its connect timeout. paramiko waits up to
+    an hour for a session on a transport whose peer vanished without a FIN (a preempted VM,
+    an IAP tunnel to it), and a command's own timeout starts only once its session is open: a
+    probe racing a preemption held the watch with it."""
+
+    def open(self):
+        result = super().open()
+        if self.transport is not None:
+            self.transport.channel_timeout = self.connect_timeout
+        return result
 
 
 def pinned(cxn: Connection, worker: Worker) -> Connection:

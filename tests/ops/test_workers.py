@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import socket
 import threading
 import time
 
@@ -110,3 +112,52 @@ def test_no_threads_or_connections_leak(pod):
     while threading.active_count() > before and time.time() < deadline:
         time.sleep(0.1)
     assert threading.active_count() <= before
+
+
+class FreezingRelay:
+    """A TCP relay to a server that can go silent without closing anything: what a connection to
+    a VM preempted without a FIN looks like from the watcher (bytes go out, nothing comes back)."""
+
+    def __init__(self, port: int):
+        self.target, self.frozen = port, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target))
+                self.sockets += [client, server]
+                for a, b in ((client, server), (server, client)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if not self.frozen.is_set():
+                    sink.sendall(data)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_a_peer_gone_silent_fails_the_command_in_bounded_time(pod):
+    """A session on a connection whose peer stopped answering is given up after the connect
+    timeout, not paramiko's hour: a probe racing a preemption must not hold the watch."""
+    relay = FreezingRelay(pod[0].port)
+    worker = dataclasses.replace(workers_of(pod)[0], port=relay.port)
+    try:
+        with WorkerGroup([worker], retries=0, connect_timeout=2) as group:
+            assert group.run("echo hi")[0].stdout == "hi\n"  # the connection is open and kept
+            relay.frozen.set()
+            began = time.monotonic()
+            (outcome,) = group.run("echo again").values()
+            took = time.monotonic() - began
+        assert not outcome.ok and outcome.exited is None, outcome
+        assert took < 10, took
+    finally:
+        relay.close()
