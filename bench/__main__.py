@@ -1,5 +1,5 @@
 """`uv run python -m bench [NAME [flags]]`: NAME is all (the default) or one of trainer, gpu,
-checkpoint, overhead, verify, infra, recovery, capacity, job, goodput, cost, faults; `NAME --help` lists its flags.
+checkpoint, overhead, verify, infra, recovery, capacity, coldboot, job, goodput, cost, faults; `NAME --help` lists its flags.
 `uv run python -m bench report` renders BENCHMARKS.md again from BENCHMARKS.json, running nothing.
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
@@ -44,6 +44,7 @@ DESCRIPTION = {
     "job": "a user's job under tpupod: overhead against running it directly, and its recovery",
     "capacity": "recovery through a queued resource vs nodes.create, and the work a no-notice "
     "kill loses under the time bound",
+    "coldboot": "cold workers' bootstrap: the environment from the package index vs the bucket",
     "goodput": "a long pod run with faults every --period seconds: goodput and badput",
     "cost": "dollars per useful training hour, spot against on-demand",
     "faults": "the fault campaign: a seeded mix of every fault kind, 0 committed checkpoints lost",

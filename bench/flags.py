@@ -48,6 +48,7 @@ BY_BENCHMARK: dict[str, tuple[str, ...]] = {
     "recovery": ("--record", "--preset", "--set", "--min-steps", "--rounds", "--notice"),
     "job": ("--record", "--job", "--job-rounds", "--rounds", "--notice"),
     "capacity": ("--record", "--rounds", "--min-steps"),
+    "coldboot": ("--record", "--rounds"),
     "goodput": ("--record", "--period", "--steps", "--faults", "--preset", "--set", "--notice"),
     "cost": (),
     "faults": ("--count", "--seed", "--per-leg", "--preset", "--set", "--notice"),

@@ -39,7 +39,7 @@ class Figure:
 
 # Section order: by benchmark (`python -m bench NAME`), then as written.
 BENCH_ORDER = ("trainer", "gpu", "checkpoint", "overhead", "verify", "infra", "recovery",
-               "capacity", "job", "goodput", "faults", "cost")  # fmt: skip
+               "capacity", "coldboot", "job", "goodput", "faults", "cost")  # fmt: skip
 
 
 def _rank(bench: str) -> int:

@@ -118,6 +118,14 @@ RULES: tuple[Rule, ...] = (
          "here) + 2 s for a save in flight of work, with step-based saves off, every event",
          r"capacity: no-notice kill, time-bound saves only: seconds of work lost$", "<=", 5.0,
          "s", stat="every", source="issue 35"),
+    Rule("cold-recreate-share", "recovery", "a cold recreate (new disks, the environment from "
+         "the bucket), tpupod's share: bootstrap -> first step <= 15 s on `tiny`, per kind "
+         "(notice, kill; local pod)", r"cold recreate, .*: tpupod's share", "<=", 15.0, "s",
+         source="issue 37"),
+    Rule("env-bucket", "coldboot", "a cold worker's bootstrap with its environment from the "
+         "bucket is faster than from the package index (ratio of medians <= 1.0, 2 workers)",
+         r"coldboot: bootstrap from the bucket / from the package index$", "<=", 1.0, "x",
+         source="issue 37 (measure and choose)"),
     Rule("job-overhead", "job", "a user's job under tpupod / run directly <= 1.03 (ratio of "
          "medians, interleaved rounds)", r"job overhead: .* under tpupod / run directly", "<=",
          1.03, "x", source="issue 33"),

@@ -157,6 +157,18 @@ def capacity_figs(a, console) -> list[Figure]:
     return capacity_bench.figures(r)
 
 
+def coldboot_figs(a, console) -> list[Figure]:
+    """Cold workers' bootstrap: the environment from the package index against the bucket."""
+    from bench import coldboot_bench
+
+    if a.record:
+        r = json.loads(a.record.read_text())
+        return measured_at(coldboot_bench.figures(r), a.record.stat().st_mtime, "run ended")
+    r = coldboot_bench.run(OUT, rounds=a.rounds, console=console)
+    save("coldboot", r)
+    return coldboot_bench.figures(r)
+
+
 def verify_figs(a, console) -> list[Figure]:
     """What a restore's manifest checks cost, tiny and small, on the pod's GCS emulator."""
     from bench import verify_bench
@@ -248,6 +260,7 @@ RUNNERS = {
     "infra": infra_figs,
     "recovery": recovery_figs,
     "capacity": capacity_figs,
+    "coldboot": coldboot_figs,
     "job": job_figs,
     "goodput": goodput_figs,
     "cost": cost_figs,

@@ -5,11 +5,13 @@
 # Named phases, each bounded by a deadline, each logged with a timestamp to $TPUPOD_ROOT/bootstrap.log
 # and recorded in $TPUPOD_ROOT/bootstrap.json (docs/seams.md), which the ops layer reads.
 #   metadata      read tpupod-* keys, worker number and endpoints from the metadata server
-#   uv            install a pinned uv if absent; let uv provide Python >= 3.11
 #   bundle        fetch the code bundle by sha256 into bundles/<sha>, verified, atomically
-#   sync          uv sync --locked for this worker's group, persistent uv cache
-#   job-python    the job's own environment (`python: uv` or `requirements`), cached by the hash of
-#                 its lock or requirements; `python: none` runs in the bundle's environment
+#   uv            install a pinned uv if absent (its hash-pinned wheel from the bucket, else from
+#                 PyPI); let uv provide Python >= 3.11
+#   sync          uv sync --locked for this worker's group, from the bucket's archive of this
+#                 environment when one is published (bootstrap/envcache.py), else from the index
+#   job-python    the job's own environment (`python: uv` or `requirements`), the same way, built
+#                 once per lock or requirements; `python: none` runs in the bundle's environment
 #   clear-stale   stop a job left on older code, clear libtpu locks
 #   job-env       write job.json (the spec), job.env (the job contract's variables), job.attempt
 #   bytecode      a new venv gets the bytecode the built-in trainer's imports need from the
@@ -23,6 +25,8 @@ export TPUPOD_ROOT="${TPUPOD_ROOT:-/var/lib/tpupod}"
 export HOME="${HOME:-/root}"
 export GCE_METADATA_HOST="${GCE_METADATA_HOST:-metadata.google.internal}"
 export UV_CACHE_DIR="${UV_CACHE_DIR:-/var/cache/uv}"
+# Where uv keeps a Python it had to download: on the disk the bootstrap owns, archived to the bucket.
+export UV_PYTHON_INSTALL_DIR="${UV_PYTHON_INSTALL_DIR:-$TPUPOD_ROOT/python}"
 # Not a knob: the uv pip may install is pinned by version and sha256 in uv_requirements below.
 export TPUPOD_UV_VERSION=0.13.9
 export TPUPOD_PYTHON="${TPUPOD_PYTHON:-3.11}"
@@ -178,18 +182,73 @@ install_uv() {
     die "cannot install uv: python3 has no pip (apt-get install -y python3-pip, $fix)"
   uv_requirements >"$req"
   rm -rf "$dir" "$dir.tmp"
+  # The wheel comes from the bucket when a worker published it, else from PyPI (then published);
+  # either way pip checks it against the sha256 pinned above.
+  local wheels="$TPUPOD_ROOT/tools/uv-wheels-$TPUPOD_UV_VERSION" key found=0
+  key="uv-$TPUPOD_UV_VERSION-$(uname -m)"
+  [ -f "$wheels/.tpupod-complete" ] || envcache restore "$key" "$wheels" || found=$?
+  if [ "$found" -ne 0 ]; then
+    rm -rf "$wheels"
+    PIP_ROOT_USER_ACTION=ignore python3 -m pip download --quiet --disable-pip-version-check \
+      --require-hashes --no-deps --only-binary :all: -d "$wheels" -r "$req" >"$out" 2>&1 || rc=$?
+    cat "$out"
+    if [ "$rc" -ne 0 ]; then
+      rm -rf "$wheels"
+      if grep -q 'DO NOT MATCH THE HASHES' "$out"; then
+        die "refusing uv $TPUPOD_UV_VERSION: the wheel pip was served matches no sha256 pinned in startup.sh (a tampered index or mirror?)"
+      fi
+      die "cannot install uv $TPUPOD_UV_VERSION from its hash-pinned wheel (pip exit $rc): make ${PIP_INDEX_URL:-PyPI} reachable, $fix"
+    fi
+    touch "$wheels/.tpupod-complete"
+    publish_env "$key" "$wheels" "$found"
+  fi
   PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-    --no-warn-script-location --require-hashes --no-deps --only-binary :all: \
-    --target "$dir.tmp" -r "$req" >"$out" 2>&1 || rc=$?
+    --no-warn-script-location --require-hashes --no-deps --only-binary :all: --no-index \
+    --find-links "$wheels" --target "$dir.tmp" -r "$req" >"$out" 2>&1 || rc=$?
   cat "$out"
   if [ "$rc" -ne 0 ]; then
-    rm -rf "$dir.tmp"
-    if grep -q 'DO NOT MATCH THE HASHES' "$out"; then
-      die "refusing uv $TPUPOD_UV_VERSION: the wheel pip was served matches no sha256 pinned in startup.sh (a tampered index or mirror?)"
-    fi
-    die "cannot install uv $TPUPOD_UV_VERSION from its hash-pinned wheel (pip exit $rc): make ${PIP_INDEX_URL:-PyPI} reachable, $fix"
+    rm -rf "$dir.tmp" "$wheels"
+    die "refusing uv $TPUPOD_UV_VERSION: its wheel from gs://$MD_BUCKET matches no sha256 pinned in startup.sh (pip exit $rc)"
   fi
   mv -T "$dir.tmp" "$dir"
+}
+
+# envcache VERB ARGS...: bootstrap/envcache.py of this bundle (stdlib only).
+envcache() {
+  python3 -I -S "$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256/bootstrap/envcache.py" "$@"
+}
+
+# publish_env KEY DIR FOUND: worker 0 publishes DIR for every later boot (FOUND, the restore's
+# exit: 4 means the bucket's copy was refused, so it is replaced). Never fails the boot.
+publish_env() {
+  [ "$MD_WORKER" = 0 ] || return 0
+  local replace=()
+  [ "$3" != 4 ] || replace=(--replace)
+  envcache publish "$1" "$2" "${replace[@]}" ||
+    echo "warning: environment $1 not published (exit $?): the next boot builds it again"
+}
+
+# env_from_bucket KEY COMMAND...: run COMMAND (a uv install) with a uv cache of this environment's
+# own: restored from the bucket and used offline when a worker published one, else filled from
+# the package index and published. A refused or incomplete archive is built again, in one line.
+env_from_bucket() {
+  local key=$1 cache="$UV_CACHE_DIR/env-$1" found=0
+  shift
+  if [ ! -f "$cache/.tpupod-complete" ]; then
+    envcache restore "$key" "$cache" || found=$?
+  fi
+  if [ "$found" -eq 0 ]; then
+    if UV_CACHE_DIR="$cache" UV_OFFLINE=1 "$@"; then
+      return 0
+    fi
+    echo "environment $key did not install offline from its archive: building it from the package index"
+    found=4
+  fi
+  rm -rf "$cache"
+  mkdir -p "$cache"
+  UV_CACHE_DIR="$cache" "$@"
+  touch "$cache/.tpupod-complete"
+  publish_env "$key" "$cache" "$found"
 }
 
 phase_uv() {
@@ -200,7 +259,7 @@ phase_uv() {
   if [ -n "$have" ] && uv_recent_enough "$have"; then
     echo "uv $have present at $(command -v uv)"
   else
-    # From PyPI, which the sync phase needs anyway. $TPUPOD_ROOT/bin leads PATH (main).
+    # $TPUPOD_ROOT/bin leads PATH (main).
     local dir="$TPUPOD_ROOT/tools/uv-$TPUPOD_UV_VERSION"
     echo "installing uv $TPUPOD_UV_VERSION (found: ${have:-none})"
     mkdir -p "$TPUPOD_ROOT/bin"
@@ -208,9 +267,18 @@ phase_uv() {
     ln -sfn "$dir/bin/uv" "$TPUPOD_ROOT/bin/uv"
     echo "uv $(uv --version | awk '{print $2}') installed at $(command -v uv)"
   fi
-  # TPU images ship Python 3.10; uv finds a recent enough one or downloads a managed one (uv
-  # checks each download against the sha256 it carries for it).
-  uv python find "$TPUPOD_PYTHON" >/dev/null 2>&1 || uv python install "$TPUPOD_PYTHON"
+  # TPU images ship Python 3.10; uv finds a recent enough one, or the one a worker published to
+  # the bucket, or downloads a managed one from GitHub (uv checks each download against the
+  # sha256 it carries for it) and worker 0 publishes it.
+  if ! uv python find "$TPUPOD_PYTHON" >/dev/null 2>&1; then
+    local key found=0
+    key="python-$TPUPOD_PYTHON-$(uname -m)-uv$TPUPOD_UV_VERSION"
+    envcache restore "$key" "$UV_PYTHON_INSTALL_DIR" || found=$?
+    if [ "$found" -ne 0 ] || ! uv python find "$TPUPOD_PYTHON" >/dev/null 2>&1; then
+      uv python install "$TPUPOD_PYTHON"
+      publish_env "$key" "$UV_PYTHON_INSTALL_DIR" "$found"
+    fi
+  fi
   echo "python $TPUPOD_PYTHON at $(uv python find "$TPUPOD_PYTHON")"
 }
 
@@ -250,12 +318,14 @@ phase_bundle() {
 }
 
 phase_sync() {
-  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256"
+  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256" key
   local args=(sync --locked --no-install-project --no-default-groups)
   [ -z "$MD_UV_GROUP" ] || args+=(--group "$MD_UV_GROUP")
   mkdir -p "$UV_CACHE_DIR"
-  echo "uv ${args[*]} in $dir (cache $UV_CACHE_DIR)"
-  (cd "$dir" && uv "${args[@]}")
+  cd "$dir"
+  key=$(envcache key "bundle:$MD_UV_GROUP" --python "$(uv python find)" pyproject.toml uv.lock)
+  echo "uv ${args[*]} in $dir (environment $key)"
+  env_from_bucket "$key" uv "${args[@]}"
   echo "environment ready: $dir/.venv"
 }
 
@@ -266,7 +336,7 @@ print("" if v is None else v)' "$1"
 }
 
 phase_job_python() {
-  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256" mode hash env
+  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256" mode hash env key
   mode=$(job_field python)
   case "$mode" in
   none)
@@ -283,14 +353,18 @@ phase_job_python() {
     echo "python: $mode environment $env already built"
   else
     # Built in place (a venv's scripts name its path: one built elsewhere and moved breaks
-    # them); the marker, written last, is what says it is complete.
+    # them); the marker, written last, is what says it is complete. Its packages come from the
+    # bucket's archive of this environment once a worker published one.
     rm -rf "$env"
     mkdir -p "$TPUPOD_ROOT/envs" "$UV_CACHE_DIR"
+    cd "$dir/job"
     if [ "$mode" = uv ]; then # the job's own lock; the project itself runs from job/
-      (cd "$dir/job" && UV_PROJECT_ENVIRONMENT="$env" uv sync --locked --no-install-project)
+      key=$(envcache key job:uv --python "$(uv python find)" pyproject.toml uv.lock)
+      UV_PROJECT_ENVIRONMENT="$env" env_from_bucket "$key" uv sync --locked --no-install-project
     else
-      (cd "$dir/job" && uv venv --quiet "$env" &&
-        uv pip install --python "$env/bin/python" -r requirements.txt)
+      key=$(envcache key job:requirements --python "$(uv python find)" requirements.txt)
+      uv venv --quiet "$env"
+      env_from_bucket "$key" uv pip install --python "$env/bin/python" -r requirements.txt
     fi
     echo "$hash" >"$env/.tpupod-env"
     echo "python: $mode environment built in $env"
@@ -394,8 +468,8 @@ phase_start_job() {
   return "$rc"
 }
 
-export -f log die record md attr uv_recent_enough uv_requirements install_uv phase_metadata \
-  phase_uv phase_bundle phase_sync job_field phase_job_python phase_clear_stale phase_job_env \
+export -f log die record md attr uv_recent_enough uv_requirements install_uv envcache \
+  publish_env env_from_bucket phase_metadata phase_uv phase_bundle phase_sync job_field phase_job_python phase_clear_stale phase_job_env \
   phase_bytecode phase_start_job
 
 # ---------------------------------------------------------------------------------------------
@@ -460,8 +534,8 @@ main() {
   . "$BOOTSTRAP_STATE/metadata.sh"
   export PATH="$TPUPOD_ROOT/bin:$PATH"
 
-  phase uv 300 phase_uv
   phase bundle 600 phase_bundle
+  phase uv 300 phase_uv
   phase sync 1800 phase_sync
   phase job-python 1800 phase_job_python
   # The bundle is complete and synced: make it the active one.

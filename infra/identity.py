@@ -44,6 +44,12 @@ BUCKET_GRANTS = (
         "compile-cache", READ_WRITE, "compile-cache/{stack}/", "XLA cache, this stack's only"
     ),
     PrefixGrant("bundles", READ_ONLY, "bundles/", "code bundles: read, never written by workers"),
+    PrefixGrant(
+        "envs",
+        READ_WRITE,
+        "envs/{stack}/",
+        "worker environments (bootstrap/envcache.py): worker 0 publishes, every boot installs",
+    ),  # fmt: skip
 )
 # Only for a stack whose `tpupod:data` lies in its own bucket (data in another bucket: README,
 # "Your data", says what to grant there).

@@ -8,6 +8,7 @@ The server, its HTTP API and its object storage are the stock ones; this module 
 - `x-goog-generation` / `x-goog-metageneration` on media downloads: tensorstore reads an object's
   generation from them (without them every read fails with "Malformed StorageGeneration").
 - 416 for a range that starts past the object's end (the stock one answers a bogus 206).
+- A media upload stores its body as is, JSON included (the stock one parses it as metadata).
 - A threaded HTTP/1.1 server with keep-alive and TCP_NODELAY: the stock one serves one
   connection at a time over HTTP/1.0 (a new TCP connection per request). Keep-alive needs
   NODELAY: a response is several writes, and with Nagle on each one waited for the client's
@@ -120,6 +121,14 @@ def _with_generation_headers(handler):
     return download
 
 
+def _media_as_bytes(handler, query, _stock=server._read_data):
+    """A media upload's body is the object, whatever its Content-Type: the stock server parses
+    an `application/json` object (a manifest) as if it were the upload's metadata."""
+    if (query.get("uploadType") or [""])[0] == "media":
+        return server._decode_raw_data(handler.tpupod_body, handler) or None
+    return _stock(handler, query)
+
+
 def _no_soft_delete(*args, **kwargs) -> dict:
     bucket = _stock_bucket_resource(*args, **kwargs)
     bucket["softDeletePolicy"] = {"retentionDurationSeconds": "0"}
@@ -165,6 +174,7 @@ def install() -> None:
     storage.Storage._write_config_to_file = _skip_index_dump
     buckets._make_bucket_resource = _no_soft_delete
     server._read_raw_data = lambda handler: handler.tpupod_body
+    server._read_data = _media_as_bytes
     server.Router.handle = _handle_serialised
     server.RequestHandler.protocol_version = "HTTP/1.1"
     # Headers and body go out as separate writes: with Nagle on, a kept-alive connection waits

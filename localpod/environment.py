@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from infra import metadata
@@ -27,7 +28,8 @@ _PASS_THROUGH = ("LANG", "LC_ALL", "TERM", "TZ", "USER", "LOGNAME", "SSL_CERT_FI
 
 @functools.cache
 def uv_executable() -> Path | None:
-    """The real uv binary (resolving pyenv-style shims, which need the operator's shell setup)."""
+    """The operator's real uv binary (resolving pyenv-style shims, which need the operator's shell
+    setup): the test bed's, never on a worker's PATH."""
     found = shutil.which("uv")
     if found and "/shims/" in found:
         try:
@@ -40,39 +42,33 @@ def uv_executable() -> Path | None:
     return Path(found).resolve() if found else None
 
 
-@functools.cache
-def _uv_dir(kind: str) -> str | None:
-    uv = uv_executable()
-    if uv is None:
-        return None
-    try:
-        out = subprocess.run([str(uv), kind, "dir"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def uv_settings() -> dict[str, str]:
-    """Share the operator's uv cache and Python installs, so worker installs are warm."""
-    settings = {}
-    if cache := _uv_dir("cache"):
-        settings["UV_CACHE_DIR"] = cache
-    if python_dir := _uv_dir("python"):
-        settings["UV_PYTHON_INSTALL_DIR"] = python_dir
-    return settings
+def image_bin(pod_root: Path) -> Path:
+    """The worker image's own programs: a Python with pip, as a TPU VM image carries one. It is
+    the interpreter this test bed runs on, because uv's Python builds come from GitHub, which
+    this sandbox cannot reach; uv and every package a worker installs itself (cold workers)."""
+    bin_dir = pod_root / "image" / "bin"
+    interpreter = Path(sys.executable).resolve()
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for name in ("python3", version):
+        link = bin_dir / name
+        if not link.is_symlink() or link.resolve() != interpreter:
+            link.unlink(missing_ok=True)
+            link.symlink_to(interpreter)
+    return bin_dir
 
 
 def worker_env(
     *,
     home: Path,
+    image: Path,
     tpupod_root: Path,
     metadata_host: str,
     emulator_url: str,
     devices_per_worker: int,
     secretmanager_url: str | None = None,
 ) -> dict[str, str]:
-    uv = uv_executable()
-    path = f"{uv.parent}:{SYSTEM_PATH}" if uv else SYSTEM_PATH
+    path = f"{image}:{SYSTEM_PATH}"
     # The image's other Pythons, after the system's: a job's lock may need one uv cannot
     # download here (its downloads come from GitHub), e.g. MaxText's 3.12.
     if extra := os.environ.get("TPUPOD_LOCAL_PYTHON_DIRS"):
@@ -94,11 +90,31 @@ def worker_env(
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
             "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_worker}",
-            **uv_settings(),
+            # The worker's own disk, empty at every create, as a new boot disk is.
+            "UV_CACHE_DIR": str(tpupod_root.parent / "cache" / "uv"),
+            "UV_PYTHON_INSTALL_DIR": str(tpupod_root.parent / "python"),
         }
     )
     if secretmanager_url:  # the pod's Secret Manager (localpod.secret_manager)
         env["TPUPOD_SECRETMANAGER_ENDPOINT"] = secretmanager_url
+    return env
+
+
+# A loopback port nothing listens on: every HTTPS request (PyPI, files.pythonhosted.org, GitHub)
+# through it is refused at once; the pod's own endpoints are plain HTTP and go direct.
+_DEAD_PROXY = "http://127.0.0.1:9"
+
+
+def registry_unreachable_env(addresses: list[str]) -> dict[str, str]:
+    """A worker that can reach no package index or download site, as in a VPC without NAT: only
+    the pod's own endpoints answer (the bucket as through Private Google Access, the metadata
+    server, the other workers). They are named one by one: gRPC (JAX's coordinator) sends every
+    channel through an HTTPS proxy unless no_proxy names its host, and not every client reads
+    a CIDR there."""
+    env = {name: _DEAD_PROXY for name in ("HTTPS_PROXY", "https_proxy")}
+    env.update({name: "" for name in ("HTTP_PROXY", "http_proxy")})
+    direct = ",".join(dict.fromkeys(["127.0.0.1", "localhost", *addresses]))
+    env.update({name: direct for name in ("NO_PROXY", "no_proxy")})
     return env
 
 

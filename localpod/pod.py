@@ -29,7 +29,7 @@ from pathlib import Path
 from infra import metadata
 from infra.bundle_archive import build_bundle
 from infra.job import Job, builtin, check_run_id, new_run_id
-from localpod import procs, secret_manager, storage, storage_faults, tpu_client
+from localpod import env_seed, procs, secret_manager, storage, storage_faults, tpu_client
 from localpod.environment import accelerator_type, pod_metadata
 from localpod.metadata_server import ZONES
 from localpod.state import (
@@ -226,6 +226,7 @@ class LocalPod:
         pod = self._live_pod()
         bundle = build_bundle(job=self.job)
         storage.upload_bundle(pod["emulator_url"], self.bucket, bundle)
+        env_seed.plant(pod["emulator_url"], self.bucket)
         if isinstance(script, Path):
             script = script.read_text()
         elif script is None:
@@ -265,6 +266,9 @@ class LocalPod:
 
         watcher_vm.stop(self.paths.root)  # `local up --watcher`: the watcher VM goes first
         pod = self._pod()
+        if pod and env_seed.seed_dir() is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError):  # a dead emulator: no seed
+                env_seed.harvest(pod["emulator_url"], pod.get("bucket", self.bucket))
         controllers = []
         if pod:
             controllers.append((pod["controller_pid"], pod["controller_start"]))
@@ -324,6 +328,14 @@ class LocalPod:
         """nodes.delete of whichever node exists, through the TPU API."""
         tpu_client.delete_node(self.endpoints(), timeout=timeout if wait else None)
         return self.describe()
+
+    def package_index(self, reachable: bool) -> None:
+        """Whether workers booted from now on can reach PyPI and GitHub (HTTPS); the bucket and
+        the metadata server stay reachable, as through Private Google Access without NAT."""
+        if reachable:
+            self.paths.registry_unreachable.unlink(missing_ok=True)
+        else:
+            self.paths.registry_unreachable.touch()
 
     def set_secret(self, name: str, data: bytes) -> None:
         """A secret the pod's Secret Manager serves (localpod.secret_manager), up or not."""

@@ -91,6 +91,11 @@ class PodPaths:
     def client_key(self) -> Path:
         return self.keys / "id_ed25519"
 
+    @property
+    def registry_unreachable(self) -> Path:
+        """Present: workers booted from now on reach no package index (LocalPod.package_index)."""
+        return self.root / "registry-unreachable"
+
     def worker(self, index: int) -> Path:
         return self.root / "workers" / str(index)
 

@@ -101,6 +101,14 @@ def download(url: str, bucket: str, name: str) -> bytes:
         return resp.read()
 
 
+def delete(url: str, bucket: str, name: str) -> None:
+    request = urllib.request.Request(
+        f"{url}/storage/v1/b/{bucket}/o/{quote(name, safe='')}", method="DELETE"
+    )
+    with urllib.request.urlopen(request, timeout=60):
+        pass
+
+
 def list_objects(url: str, bucket: str, prefix: str) -> list[dict]:
     """Every object under `prefix` ({"name", "size"}), page by page as the JSON API serves them."""
     found, token = [], ""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import asyncssh
 
-from localpod.environment import worker_env
+from localpod.environment import image_bin, registry_unreachable_env, worker_env
 from localpod.state import PodPaths, write_json
 
 
@@ -72,6 +72,7 @@ def boot(
         "ready_file": str(paths.agent_ready(index)),
         "env": worker_env(
             home=home,
+            image=image_bin(paths.root),
             tpupod_root=paths.tpupod_root(index),
             metadata_host=f"{address}:{layout['metadata_port']}",
             emulator_url=layout["emulator_url"],
@@ -79,6 +80,8 @@ def boot(
             secretmanager_url=layout.get("secretmanager_url"),
         ),
     }
+    if paths.registry_unreachable.exists():  # `LocalPod.package_index(reachable=False)`
+        config["env"].update(registry_unreachable_env(layout["addresses"]))
     write_json(paths.agent_config(index), config)
     return start_agent(paths, index), Instance(hostname=hostname, host_key=host_key)
 

@@ -23,8 +23,8 @@ import pytest
 from infra import metadata
 from infra.bundle_archive import BUNDLE_PATHS, PROJECT_ROOT, Bundle, build_bundle
 from infra.job import builtin
-from localpod import procs, storage
-from localpod.environment import worker_env
+from localpod import env_seed, procs, storage
+from localpod.environment import image_bin, worker_env
 from localpod.metadata_server import MetadataServer, MetadataStore
 
 BUCKET = "tpupod-local-ckpt"
@@ -69,6 +69,8 @@ class Slice:
     storage_url: str
     attributes: list[dict[str, str]] = field(default_factory=list)
     running: list[subprocess.Popen] = field(default_factory=list)
+    bucket: str = BUCKET
+    stack: str = STACK
 
     def root(self, index: int) -> Path:
         return self.tmp / f"worker-{index}"
@@ -104,11 +106,17 @@ class Slice:
             {i: f"worker-{i}" for i in range(len(self.addresses))},
         )
 
+    def forget_environments(self) -> None:
+        """An empty envs/ in the bucket: the next boot installs from the package index."""
+        for obj in storage.list_objects(self.storage_url, BUCKET, env_seed.PREFIX):
+            storage.delete(self.storage_url, BUCKET, obj["name"])
+
     def env(self, index: int) -> dict[str, str]:
-        """The local pod's worker environment (the operator's uv cache, offline here), a lockfile
-        of the worker's own."""
+        """The local pod's worker environment (cold: its own uv cache, on its own disk), a
+        lockfile of the worker's own."""
         env = worker_env(
             home=self.tmp / f"home-{index}",
+            image=image_bin(self.tmp),
             tpupod_root=self.root(index),
             metadata_host=f"{self.addresses[index]}:{self.metadata_port}",
             emulator_url=self.storage_url,
@@ -116,7 +124,7 @@ class Slice:
         )
         env.update(
             TPUPOD_ROOT=str(self.root(index)),
-            UV_OFFLINE="1",
+            UV_CACHE_DIR=str(self.root(index) / ".uv-cache"),
             TPUPOD_STOP_TIMEOUT="30",
             TPUPOD_LIBTPU_LOCKFILE=str(self.root(index) / "libtpu_lockfile"),
         )
@@ -238,7 +246,9 @@ def _make_slice(tmp: Path, workers: int):
     emulator = storage.start_emulator(storage_port, BUCKET, tmp / "gcs", tmp / "gcs.log")
     try:
         storage.wait_ready(emulator, storage_url, BUCKET)
+        env_seed.plant(storage_url, BUCKET)  # the session's environments (tests/conftest.py)
         yield Slice(tmp, addresses, store, port, storage_url)
+        env_seed.harvest(storage_url, BUCKET)
     finally:
         os.killpg(emulator.pid, signal.SIGTERM)
         emulator.wait(timeout=10)

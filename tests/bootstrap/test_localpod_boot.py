@@ -34,7 +34,7 @@ from ops.target import local_target
 pytestmark = pytest.mark.e2e
 
 PHASES = [
-    "metadata", "uv", "bundle", "sync", "job-python", "clear-stale", "job-env", "bytecode",
+    "metadata", "bundle", "uv", "sync", "job-python", "clear-stale", "job-env", "bytecode",
     "start-job",
 ]  # fmt: skip
 # Like the guest agent: fetch the script from metadata into a file, run it with bash.

@@ -1,8 +1,8 @@
 """The bootstrap runs nothing it has not pinned (issue 17.4).
 
-uv comes only from its hash-pinned wheel: an unreachable index, a wheel with other bytes or a
-python3 without pip fail the uv phase with one line naming what is missing, and nothing is
-installed. No script is ever piped to a shell, and the metadata access token is on no command
+uv comes only from its hash-pinned wheel (the bucket's copy or the index's): with neither, an
+unreachable index, a wheel with other bytes or a python3 without pip fail the uv phase with one line
+naming what is missing, and nothing is installed. No script is ever piped to a shell, and the metadata access token is on no command
 line. Shims on the workers' PATH record what really ran: every curl's argv, and every shell that
 read its script from a pipe; each then runs the real program.
 """
@@ -87,25 +87,27 @@ def assert_uv_phase_failed(single, result, message_start: str) -> str:
     assert "\n" not in message
     log = (single.root(0) / "bootstrap.log").read_text()
     assert log.count("FAILED:") == 1 and f"[uv] FAILED: {message}" in log
-    assert "[bundle]" not in log
+    assert "[sync]" not in log
     tools = single.root(0) / "tools"
     assert not tools.exists() or list(tools.iterdir()) == []  # nothing half-installed
     assert not (single.root(0) / "bin" / "uv").exists()
     return message
 
 
-def assert_only_metadata_fetched(single, shims: Shims) -> None:
+def assert_only_metadata_and_bucket_fetched(single, shims: Shims) -> None:
     metadata = f"http://{single.addresses[0]}:{single.metadata_port}/computeMetadata/v1/"
+    bucket = f"{single.storage_url}/storage/v1/b/{single.bucket}/"
     calls = shims.curl_calls()
     assert calls, "the curl shim saw no call"
     for argv in calls:
         urls = [a for a in argv if "://" in a]
-        assert urls and all(u.startswith(metadata) for u in urls), argv
+        assert urls and all(u.startswith((metadata, bucket)) for u in urls), argv
     assert shims.piped_shells() == []
 
 
 def test_unreachable_index_fails_the_uv_phase_in_one_line(single, bundles, shims):
     single.publish(bundles[0])
+    single.forget_environments()  # no uv wheel in the bucket either
     index = "http://127.0.0.1:1/simple/"
     (result,) = single.boot(
         PATH=f"{shims.bin}:{SYSTEM_PATH}",  # no uv anywhere
@@ -117,7 +119,7 @@ def test_unreachable_index_fails_the_uv_phase_in_one_line(single, bundles, shims
         single, result, f"cannot install uv {UV_VERSION} from its hash-pinned wheel"
     )
     assert f"make {index} reachable" in message and f"uv >= {UV_VERSION} on PATH" in message
-    assert_only_metadata_fetched(single, shims)
+    assert_only_metadata_and_bucket_fetched(single, shims)
 
 
 def test_wheel_with_other_bytes_is_refused(single, bundles, shims, tmp_path):
@@ -135,6 +137,7 @@ def test_wheel_with_other_bytes_is_refused(single, bundles, shims, tmp_path):
         )
         wheel.writestr(f"{info}/RECORD", "")
     single.publish(bundles[0])
+    single.forget_environments()
     (result,) = single.boot(
         PATH=f"{shims.bin}:{SYSTEM_PATH}",
         PIP_CONFIG_FILE="/dev/null",
@@ -143,17 +146,18 @@ def test_wheel_with_other_bytes_is_refused(single, bundles, shims, tmp_path):
     )
     assert_uv_phase_failed(single, result, f"refusing uv {UV_VERSION}: the wheel pip was served")
     assert "DO NOT MATCH THE HASHES" in (single.root(0) / "bootstrap.log").read_text()
-    assert_only_metadata_fetched(single, shims)
+    assert_only_metadata_and_bucket_fetched(single, shims)
 
 
 def test_python_without_pip_is_named(single, bundles, shims, tmp_path):
     nopip = tmp_path / "nopip"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(nopip)], check=True)
     single.publish(bundles[0])
+    single.forget_environments()
     (result,) = single.boot(PATH=f"{shims.bin}:{nopip / 'bin'}:{SYSTEM_PATH}")
     message = assert_uv_phase_failed(single, result, "cannot install uv: python3 has no pip")
     assert "apt-get install -y python3-pip" in message
-    assert_only_metadata_fetched(single, shims)
+    assert_only_metadata_and_bucket_fetched(single, shims)
 
 
 def test_token_on_no_command_line_and_nothing_piped_to_a_shell(single, bundles, shims):

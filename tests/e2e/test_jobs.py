@@ -15,6 +15,8 @@ The built-in trainer's job goes through a hang, a crash and a preemption in test
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,7 @@ def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, tmp_
     pod = LocalPod(tmp_path / "pod", workers=2, job=job)
     try:
         pod.up()
+        pod.package_index(reachable=False)  # as in a VPC without NAT: the recreate has the bucket
         faults = [
             Fault("crash", int(steps * 0.3), worker=1),
             Fault("notice" if notice else "kill", int(steps * 0.6), notice=notice),
@@ -90,8 +93,28 @@ def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, tmp_
             assert resumed["preemption"]["steps_lost"] == 0, messages
         comparison = against_reference(pod)
         assert comparison.equal and comparison.step_a == steps and comparison.leaves >= 10
+        assert_installed_from_the_bucket_alone(pod)
     finally:
         pod.down()
+
+
+def assert_installed_from_the_bucket_alone(pod: LocalPod) -> None:
+    """The recreated workers' uv and environment came from the bucket, and they could not have
+    come from anywhere else: the same pip, in a worker's environment, reaches no index."""
+    for i in range(pod.workers):
+        log = (pod.paths.tpupod_root(i) / "bootstrap.log").read_text()
+        assert "[uv] environment uv-" in log and "[sync] environment" in log, log[-3000:]
+        restored = [line for line in log.splitlines() if "restored from gs://" in line]
+        assert [line.split(" [", 1)[1][:4] for line in restored] == ["uv] ", "sync"], restored
+        assert "package index" not in log and "published" not in log, log[-3000:]
+    env = json.loads(pod.paths.agent_config(0).read_text())["env"]
+    pip = subprocess.run(
+        ["python3", "-m", "pip", "download", "--no-deps", "--dest", str(pod.paths.root / "dl"),
+         "six==1.16.0"],
+        env={**env, "PIP_RETRIES": "0", "PIP_TIMEOUT": "5", "PIP_CONFIG_FILE": "/dev/null"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert pip.returncode != 0 and not list((pod.paths.root / "dl").glob("six*")), pip.stdout
 
 
 @pytest.mark.slow

@@ -140,13 +140,14 @@ def test_network_bucket_identity(evaluations, stack):
         ("workers-bucket-runs", "roles/storage.objectUser", f"runs/{stack}/"),
         ("workers-bucket-compile-cache", "roles/storage.objectUser", f"compile-cache/{stack}/"),
         ("workers-bucket-bundles", "roles/storage.objectViewer", "bundles/"),
+        ("workers-bucket-envs", "roles/storage.objectUser", f"envs/{stack}/"),
     ]:
         assert grants[name]["role"] == role
         assert (
             f'resource.name.startsWith("{objects}{prefix}")'
             in grants[name]["condition"]["expression"]
         )
-    assert len(grants) == 3
+    assert len(grants) == 4
     components = {r.urn for r in evaluation.resources if not r.custom}
     assert all(
         r.parent in components
