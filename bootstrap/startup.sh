@@ -171,24 +171,24 @@ uv==0.13.9 \
 REQUIREMENTS
 }
 
-# install_uv DIR: the pinned uv wheel into DIR with pip, hash-checked, or fail the phase naming
-# what is missing. Never a downloaded installer script: nothing here runs unverified code.
+# install_uv DIR: the pinned uv wheel's binaries into DIR/bin, or fail the phase naming what is
+# missing. The wheel comes from the bucket when a worker published it, else from PyPI through pip
+# (then published); either way its sha256 must be one pinned above. Never a downloaded installer
+# script: nothing here runs unverified code.
 install_uv() {
   local dir=$1 req="$BOOTSTRAP_STATE/uv-requirements.txt" out="$BOOTSTRAP_STATE/pip.out" rc=0
-  local fix="or put uv >= $TPUPOD_UV_VERSION on PATH"
+  local fix="or put uv >= $TPUPOD_UV_VERSION on PATH" wheels key found=0 wheel got
+  wheels="$TPUPOD_ROOT/tools/uv-wheels-$TPUPOD_UV_VERSION"
+  key="uv-$TPUPOD_UV_VERSION-$(uname -m)"
   command -v python3 >/dev/null ||
     die "cannot install uv: no python3 on PATH (install python3 and python3-pip, $fix)"
-  python3 -m pip --version >/dev/null 2>&1 ||
-    die "cannot install uv: python3 has no pip (apt-get install -y python3-pip, $fix)"
   uv_requirements >"$req"
   rm -rf "$dir" "$dir.tmp"
-  # The wheel comes from the bucket when a worker published it, else from PyPI (then published);
-  # either way pip checks it against the sha256 pinned above.
-  local wheels="$TPUPOD_ROOT/tools/uv-wheels-$TPUPOD_UV_VERSION" key found=0
-  key="uv-$TPUPOD_UV_VERSION-$(uname -m)"
   [ -f "$wheels/.tpupod-complete" ] || envcache restore "$key" "$wheels" || found=$?
   if [ "$found" -ne 0 ]; then
     rm -rf "$wheels"
+    python3 -m pip --version >/dev/null 2>&1 ||
+      die "cannot install uv: python3 has no pip (apt-get install -y python3-pip, $fix)"
     PIP_ROOT_USER_ACTION=ignore python3 -m pip download --quiet --disable-pip-version-check \
       --require-hashes --no-deps --only-binary :all: -d "$wheels" -r "$req" >"$out" 2>&1 || rc=$?
     cat "$out"
@@ -202,14 +202,26 @@ install_uv() {
     touch "$wheels/.tpupod-complete"
     publish_env "$key" "$wheels" "$found"
   fi
-  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-    --no-warn-script-location --require-hashes --no-deps --only-binary :all: --no-index \
-    --find-links "$wheels" --target "$dir.tmp" -r "$req" >"$out" 2>&1 || rc=$?
-  cat "$out"
-  if [ "$rc" -ne 0 ]; then
-    rm -rf "$dir.tmp" "$wheels"
-    die "refusing uv $TPUPOD_UV_VERSION: its wheel from gs://$MD_BUCKET matches no sha256 pinned in startup.sh (pip exit $rc)"
+  wheel=$(find "$wheels" -maxdepth 1 -name "uv-$TPUPOD_UV_VERSION-*.whl" | head -n 1)
+  got=$(sha256sum "${wheel:-/dev/null}" | cut -d' ' -f1)
+  if [ -z "$wheel" ] || ! grep -q -- "--hash=sha256:$got" "$req"; then
+    rm -rf "$wheels"
+    die "refusing uv $TPUPOD_UV_VERSION: the wheel from gs://$MD_BUCKET matches no sha256 pinned in startup.sh"
   fi
+  # A wheel is a zip; uv's carries its binaries under uv-VERSION.data/scripts/.
+  python3 -I -S - "$wheel" "$dir.tmp/bin" <<'PY'
+import os, sys, zipfile
+
+wheel, bin_dir = sys.argv[1], sys.argv[2]
+os.makedirs(bin_dir)
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        head, _, base = name.rpartition("/")
+        if head.endswith(".data/scripts") and base:
+            with z.open(name) as src, open(os.path.join(bin_dir, base), "wb") as dst:
+                dst.write(src.read())
+            os.chmod(os.path.join(bin_dir, base), 0o755)
+PY
   mv -T "$dir.tmp" "$dir"
 }
 

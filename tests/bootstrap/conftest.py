@@ -71,6 +71,7 @@ class Slice:
     running: list[subprocess.Popen] = field(default_factory=list)
     bucket: str = BUCKET
     stack: str = STACK
+    carry_environments: bool = True  # to the session's seed (localpod.env_seed), at the end
 
     def root(self, index: int) -> Path:
         return self.tmp / f"worker-{index}"
@@ -107,7 +108,9 @@ class Slice:
         )
 
     def forget_environments(self) -> None:
-        """An empty envs/ in the bucket: the next boot installs from the package index."""
+        """An empty envs/ in the bucket: the next boot installs from the package index. What the
+        test then puts there is its own: nothing is carried to the session's seed."""
+        self.carry_environments = False
         for obj in storage.list_objects(self.storage_url, BUCKET, env_seed.PREFIX):
             storage.delete(self.storage_url, BUCKET, obj["name"])
 
@@ -247,8 +250,10 @@ def _make_slice(tmp: Path, workers: int):
     try:
         storage.wait_ready(emulator, storage_url, BUCKET)
         env_seed.plant(storage_url, BUCKET)  # the session's environments (tests/conftest.py)
-        yield Slice(tmp, addresses, store, port, storage_url)
-        env_seed.harvest(storage_url, BUCKET)
+        made = Slice(tmp, addresses, store, port, storage_url)
+        yield made
+        if made.carry_environments:
+            env_seed.harvest(storage_url, BUCKET)
     finally:
         os.killpg(emulator.pid, signal.SIGTERM)
         emulator.wait(timeout=10)

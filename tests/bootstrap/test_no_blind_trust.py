@@ -9,6 +9,7 @@ read its script from a pipe; each then runs the real program.
 
 from __future__ import annotations
 
+import platform
 import re
 import shutil
 import subprocess
@@ -122,9 +123,8 @@ def test_unreachable_index_fails_the_uv_phase_in_one_line(single, bundles, shims
     assert_only_metadata_and_bucket_fetched(single, shims)
 
 
-def test_wheel_with_other_bytes_is_refused(single, bundles, shims, tmp_path):
-    """A mirror serving its own uv 0.13.9 (any platform): pip refuses it on its sha256."""
-    wheels = tmp_path / "wheels"
+def other_wheel(wheels: Path) -> Path:
+    """A uv 0.13.9 wheel (any platform) that PyPI never served."""
     wheels.mkdir()
     with zipfile.ZipFile(wheels / f"uv-{UV_VERSION}-py3-none-any.whl", "w") as wheel:
         wheel.writestr(f"uv-{UV_VERSION}.data/scripts/uv", "#!/bin/sh\necho tampered\n")
@@ -136,6 +136,12 @@ def test_wheel_with_other_bytes_is_refused(single, bundles, shims, tmp_path):
             f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: py3-none-any\n"
         )
         wheel.writestr(f"{info}/RECORD", "")
+    return wheels
+
+
+def test_wheel_with_other_bytes_is_refused(single, bundles, shims, tmp_path):
+    """A mirror serving its own uv 0.13.9: pip refuses it on its sha256."""
+    wheels = other_wheel(tmp_path / "wheels")
     single.publish(bundles[0])
     single.forget_environments()
     (result,) = single.boot(
@@ -147,6 +153,25 @@ def test_wheel_with_other_bytes_is_refused(single, bundles, shims, tmp_path):
     assert_uv_phase_failed(single, result, f"refusing uv {UV_VERSION}: the wheel pip was served")
     assert "DO NOT MATCH THE HASHES" in (single.root(0) / "bootstrap.log").read_text()
     assert_only_metadata_and_bucket_fetched(single, shims)
+
+
+def test_a_wheel_with_other_bytes_in_the_bucket_is_refused(single, bundles, shims, tmp_path):
+    """Published to the bucket with a manifest that agrees with it (as a worker of the stack
+    could), but not a wheel PyPI served: refused on the sha256 pinned in startup.sh."""
+    wheels = other_wheel(tmp_path / "wheels")
+    (wheels / ".tpupod-complete").touch()
+    single.publish(bundles[0])
+    single.forget_environments()
+    env = {**single.env(0), "MD_BUCKET": single.bucket, "MD_STACK": single.stack}
+    key = f"uv-{UV_VERSION}-{platform.machine()}"
+    subprocess.run([sys.executable, "-I", "-S", str(PROJECT_ROOT / "bootstrap" / "envcache.py"),
+                    "publish", key, str(wheels)], env=env, check=True)  # fmt: skip
+    (result,) = single.boot(PATH=f"{shims.bin}:{SYSTEM_PATH}", PIP_CONFIG_FILE="/dev/null",
+                            PIP_NO_INDEX="1")  # fmt: skip
+    assert_uv_phase_failed(
+        single, result, f"refusing uv {UV_VERSION}: the wheel from gs://{single.bucket}"
+    )
+    assert "restored from" in (single.root(0) / "bootstrap.log").read_text()
 
 
 def test_python_without_pip_is_named(single, bundles, shims, tmp_path):
