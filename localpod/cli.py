@@ -1,5 +1,5 @@
 """`tpupod local ...`: up, down, status, endpoints, secret, and the faults (preempt, crash, hang,
-stockout, storage-faults).
+stockout, storage-faults, package-index).
 
 Errors are `PodError`s: ops.cli prints any type in `USER_ERRORS` as one line (exit 2), so this
 module depends on no ops module. `slice_table` draws a slice from its attributes alone (state,
@@ -237,6 +237,16 @@ def _stockout(args: argparse.Namespace) -> int:
                  f"create(s){where} will be stocked out (a queued resource waits)")  # fmt: skip
 
 
+def _package_index(args: argparse.Namespace) -> int:
+    """Cut the workers off PyPI and GitHub (or give them back), from their next boot on."""
+    pod = _pod(args)
+    if args.state is not None:
+        pod.package_index(reachable=args.state == "reachable")
+    state = "unreachable" if pod.paths.registry_unreachable.exists() else "reachable"
+    print(f"package indexes: {state} for workers booted from now on (the bucket stays reachable)")
+    return 0
+
+
 def _storage_faults(args: argparse.Namespace) -> int:
     """Show the bucket's fault plan and counts; with --rate, replace the plan first."""
     plan = None
@@ -356,6 +366,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="refuse at once with HTTP 429 naming a quota, as a spent quota does",
     )  # fmt: skip
     stockout.set_defaults(func=_stockout)
+
+    index = sub.add_parser(
+        "package-index", parents=[pod_dir],
+        help="cut workers booted from now on off PyPI and GitHub (a VPC without NAT), or not; "
+        "without a state, show it",
+    )  # fmt: skip
+    index.add_argument("state", nargs="?", choices=("reachable", "unreachable"))
+    index.set_defaults(func=_package_index)
 
     faults = sub.add_parser(
         "storage-faults", parents=[pod_dir],

@@ -25,17 +25,26 @@ def seed_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def plant(url: str, bucket: str) -> int:
-    """Uploads every seed object (archives before manifests); returns how many."""
+def plant(url: str, bucket: str, stack: str | None = None) -> int:
+    """Uploads every seed object (archives before manifests); returns how many. `stack`: under
+    that stack's prefix (envs/STACK/), whichever stack's workers built them (the key is the
+    environment's; the prefix is only whose workers may write it)."""
     root = seed_dir()
     if root is None or not (root / PREFIX).is_dir():
         return 0
     files = sorted((p for p in (root / PREFIX).rglob("*") if p.is_file() and p.suffix != ".tmp"),
                    key=lambda p: p.suffix == ".json")  # fmt: skip
     for path in files:
-        name = path.relative_to(root).as_posix()
+        name, data = path.relative_to(root).as_posix(), path.read_bytes()
+        if stack is not None:
+            built_by = PREFIX + name[len(PREFIX) :].split("/", 1)[0] + "/"
+            name = PREFIX + f"{stack}/" + name[len(built_by) :]
+            if path.suffix == ".json":
+                manifest = json.loads(data)
+                manifest["object"] = PREFIX + f"{stack}/" + manifest["object"][len(built_by) :]
+                data = json.dumps(manifest).encode()
         kind = "application/json" if path.suffix == ".json" else "application/octet-stream"
-        storage.upload(url, bucket, name, path.read_bytes(), kind)
+        storage.upload(url, bucket, name, data, kind)
     return len(files)
 
 

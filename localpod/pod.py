@@ -335,6 +335,7 @@ class LocalPod:
         if reachable:
             self.paths.registry_unreachable.unlink(missing_ok=True)
         else:
+            self.paths.root.mkdir(parents=True, exist_ok=True)
             self.paths.registry_unreachable.touch()
 
     def set_secret(self, name: str, data: bytes) -> None:

@@ -1,7 +1,7 @@
 """Environments come from the bucket (issue 37.2): a worker with an empty disk installs the bundle's
 environment from the archive worker 0 published, checked against its manifest's sha256; a damaged
 archive is refused in one line and built again from the package index, and the archive built
-then serves the next boot.
+then serves the next boot. The `tpu` group, from the index and then the bucket, is `slow`.
 
 One worker of the bare slice, with a stdlib stand-in for the trainer (what it runs is not the
 point here; its environment is).
@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+
+import pytest
 
 from infra.bundle_archive import build_bundle
 from localpod import storage
@@ -60,3 +62,24 @@ def test_a_damaged_archive_is_refused_in_one_line_and_built_again(single, stage,
     assert any(f"restored from gs://{single.bucket}/{rebuilt['object']}" in line
                and "sha256 verified" in line for line in third), third  # fmt: skip
     assert not any("refused" in line or "published" in line for line in third), third
+
+
+@pytest.mark.slow
+def test_the_tpu_group_installs_from_the_index_then_from_the_bucket(single, stage, tmp_path):
+    """The `tpu` group (jax[tpu], so libtpu) resolved from the lock and installed for linux
+    x86_64 from the package index, as a TPU VM's first boot does; worker 0 publishes it, and a
+    new disk installs it from the bucket. (The stand-in trainer: this machine has no TPU.)"""
+    root = stage(tmp_path / "bundle")
+    (root / "trainer" / "__main__.py").write_text(STANDIN)
+    single.publish(build_bundle(root), tpupod_uv_group="tpu")
+    single.forget_environments()
+    first = boot_on_a_new_disk(single)
+    assert any("--group tpu" in line for line in first), first
+    assert any("no environment" in line for line in first), first
+    assert any("published to" in line for line in first), first
+    (site,) = (single.root(0) / "current" / ".venv" / "lib").glob("python3.*/site-packages")
+    assert list(site.glob("libtpu*")), sorted(p.name for p in site.iterdir())
+    second = boot_on_a_new_disk(single)
+    assert any("restored from" in line for line in second), second
+    (site,) = (single.root(0) / "current" / ".venv" / "lib").glob("python3.*/site-packages")
+    assert list(site.glob("libtpu*"))

@@ -2,7 +2,12 @@
 preemption with notice (its first recreate meets a stockout) on a real local pod, recovered by
 the pod's watcher VM (its own `tpupod watch` through the pod's TPU API) while the demo process
 only observes; its final checkpoint bitwise equal, array by array, to an uninterrupted run's (the
-demo exits 0 only then)."""
+demo exits 0 only then).
+
+`slow` (3-4 minutes with cold workers, whose every boot installs from the bucket): CI runs each of
+its parts on its own pod instead (the watcher VM's recovery and its kill: test_watcher.py; a zone
+move after a stockout: test_capacity.py; a user job bitwise equal after a crash and a preemption:
+test_jobs.py; a hang: test_forensics.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from ops import watch
 from ops.cli import main
 from ops.journal import read
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def counted(calls: list[str], name: str, method):

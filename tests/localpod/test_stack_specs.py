@@ -15,8 +15,9 @@ Two metadata values of the request are overridden, because the workers are CPU p
   bootstrap is ok would only race the job's start; the override bounds memory whatever the
   timing. (The bundle stays the stack's: its `job/` holds the stack's own job file.)
 - `tpupod-uv-group` `tpu` becomes empty: that group adds only libtpu, the TPU runtime (213 MB,
-  useless on a CPU worker), which is not in the operator's uv cache, all a worker installs from
-  here; the pod's own nodes leave it out the same way (localpod.environment.pod_metadata).
+  useless on a CPU worker); the pod's own nodes leave it out the same way
+  (localpod.environment.pod_metadata). The spec's bucket gets the session's environments, as
+  the pod's own bucket does (localpod.env_seed), so workers install from it.
 The node is deleted as soon as every worker's bootstrap is ok.
 
 Parent: Google's API refuses a create in a project the caller has no rights on, and this pod is
@@ -41,6 +42,7 @@ from infra import metadata as keys
 from infra.bundle_archive import Bundle, build_bundle
 from infra.config import parse, raw_from_config_map
 from infra.job import builtin
+from localpod import env_seed
 from localpod.pod import LocalPod
 from localpod.state import PodError
 from localpod.tpu_client import client
@@ -126,6 +128,8 @@ def upload_bundle(endpoints: dict, node_metadata: dict, bundle: Bundle) -> None:
     )
     bucket = gcs.create_bucket(node_metadata[keys.BUCKET])
     bucket.blob(bundle.object_name).upload_from_string(bundle.data, "application/gzip")
+    # The session's environments (tests/conftest.py), under the stack's own envs/ prefix.
+    env_seed.plant(endpoints["storage"], bucket.name, stack=node_metadata[keys.STACK])
 
 
 def wait_bootstrapped(pod: LocalPod, workers: int) -> None:
