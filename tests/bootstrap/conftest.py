@@ -128,6 +128,7 @@ class Slice:
         env.update(
             TPUPOD_ROOT=str(self.root(index)),
             UV_CACHE_DIR=str(self.root(index) / ".uv-cache"),
+            UV_PYTHON_INSTALL_DIR=str(self.root(index) / "python"),
             TPUPOD_STOP_TIMEOUT="30",
             TPUPOD_LIBTPU_LOCKFILE=str(self.root(index) / "libtpu_lockfile"),
         )

@@ -10,13 +10,19 @@ point here; its environment is).
 from __future__ import annotations
 
 import json
+import platform
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from infra.bundle_archive import build_bundle
+from infra.bundle_archive import PROJECT_ROOT, build_bundle
 from localpod import storage
+from localpod.environment import SYSTEM_PATH, image_bin, registry_unreachable_env, uv_executable
+from tests.bootstrap.test_no_blind_trust import UV_VERSION
 from tests.bootstrap.test_rerun_rules import STANDIN
 
 
@@ -83,3 +89,37 @@ def test_the_tpu_group_installs_from_the_index_then_from_the_bucket(single, stag
     assert any("restored from" in line for line in second), second
     (site,) = (single.root(0) / "current" / ".venv" / "lib").glob("python3.*/site-packages")
     assert list(site.glob("libtpu*"))
+
+
+def test_a_python_the_image_lacks_comes_from_the_bucket(single, stage, tmp_path):
+    """TPU images ship Python 3.10; uv downloads a newer one from GitHub. Worker 0 publishes it,
+    and later boots restore it: here 3.12, which this worker image lacks, from a managed
+    install published to the bucket (this machine's 3.12 in uv's layout: GitHub is out of reach
+    here). Without that archive the same boot tries the download, and with no route out fails."""
+    python = Path("/root/.pyenv/versions/3.12.1/bin/python3.12")
+    if not python.exists():
+        pytest.skip("no Python 3.12 on this machine to publish")
+    managed = tmp_path / "published" / "cpython-3.12.1-linux-x86_64-gnu" / "bin"
+    managed.mkdir(parents=True)
+    (managed / "python3.12").symlink_to(python)
+    root = stage(tmp_path / "bundle")
+    (root / "trainer" / "__main__.py").write_text(STANDIN)
+    single.publish(build_bundle(root))
+    uv = uv_executable()  # the operator's: uv itself is not what this test is about
+    path = f"{uv.parent}:{image_bin(single.tmp)}:{SYSTEM_PATH}"
+    offline = registry_unreachable_env(single.addresses)
+
+    (failed,) = single.boot(PATH=path, TPUPOD_PYTHON="3.12", **offline)
+    assert failed.returncode != 0 and single.bootstrap(0)["phase"] == "uv", failed.output[-2000:]
+    assert "no environment python-3.12-" in failed.output, failed.output[-2000:]
+
+    env = {**single.env(0), "MD_BUCKET": single.bucket, "MD_STACK": single.stack}
+    key = f"python-3.12-{platform.machine()}-uv{UV_VERSION}"
+    subprocess.run([sys.executable, "-I", "-S", str(PROJECT_ROOT / "bootstrap" / "envcache.py"),
+                    "publish", key, str(tmp_path / "published")], env=env, check=True)  # fmt: skip
+    shutil.rmtree(single.root(0))
+    (booted,) = single.boot(PATH=path, TPUPOD_PYTHON="3.12")  # the sync may need the index
+    assert booted.returncode == 0, booted.output[-3000:]
+    log = (single.root(0) / "bootstrap.log").read_text()
+    assert f"environment {key} restored from gs://" in log, log[-3000:]
+    assert f"python 3.12 at {single.root(0) / 'python'}" in log, log[-3000:]
