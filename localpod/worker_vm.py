@@ -41,14 +41,14 @@ def write_ed25519_key(path: Path, comment: str) -> str:
 def wipe(paths: PodPaths, path: Path) -> None:
     """Move the old disk aside at once and delete it in the background: a worker's uv cache and
     .venv hold tens of thousands of files, and deleting them would hold up the create. An `rm`
-    of the lowest priority, not a thread: the controller (TPU API, metadata) keeps its GIL and
-    the new workers' boots come first."""
+    of the lowest CPU and idle I/O priority, not a thread: the controller (TPU API, metadata)
+    keeps its GIL and the new workers' boots (which unpack as much) come first."""
     if not path.exists():
         return
     trash = paths.root / "trash" / f"{path.name}-{time.time_ns()}"
     trash.parent.mkdir(exist_ok=True)
     path.rename(trash)
-    rm = ["nice", "-n", "19", "rm", "-rf", "--one-file-system", str(trash)]
+    rm = ["ionice", "-c", "3", "nice", "-n", "19", "rm", "-rf", "--one-file-system", str(trash)]
     threading.Thread(
         target=subprocess.run, args=(rm,), kwargs={"check": False}, daemon=True
     ).start()
