@@ -481,8 +481,8 @@ phase_start_job() {
 }
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv envcache \
-  publish_env env_from_bucket phase_metadata phase_uv phase_bundle phase_sync job_field phase_job_python phase_clear_stale phase_job_env \
-  phase_bytecode phase_start_job
+  publish_env env_from_bucket phase_metadata phase_uv phase_bundle phase_sync job_field \
+  phase_job_python phase_clear_stale phase_job_env phase_bytecode phase_start_job
 
 # ---------------------------------------------------------------------------------------------
 # The phase runner

@@ -48,7 +48,9 @@ def wipe(paths: PodPaths, path: Path) -> None:
     trash = paths.root / "trash" / f"{path.name}-{time.time_ns()}"
     trash.parent.mkdir(exist_ok=True)
     path.rename(trash)
-    rm = ["ionice", "-c", "3", "nice", "-n", "19", "rm", "-rf", "--one-file-system", str(trash)]
+    rm = ["nice", "-n", "19", "rm", "-rf", "--one-file-system", str(trash)]
+    if shutil.which("ionice"):  # util-linux; without it, only the CPU priority is lowered
+        rm = ["ionice", "-c", "3", *rm]
     threading.Thread(
         target=subprocess.run, args=(rm,), kwargs={"check": False}, daemon=True
     ).start()
