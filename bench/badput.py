@@ -48,7 +48,7 @@ def segments(status: list[dict], worker: int = 0, source: str = "job") -> list[l
 
 
 def restore_point(seg: list[dict]) -> int | None | str:
-    known = [s for s in seg if s["state"] not in ("initializing", "failed")]
+    known = [s for s in seg if s["state"] not in ("initializing", "restoring", "failed")]
     return known[0]["restored_from"] if known else "unknown"
 
 

@@ -27,12 +27,13 @@ from bench.podrun import RunRecord, run_on_pod
 from bench.recovery_bench import HANG_S, LABELS, checkpoint_interval, incidents
 from bench.report import Figure, median, spread
 from bench.steps_lost import Loss, goal_text, judge
+from localpod import faults
 from localpod.faults import KINDS
 from ops.target import write_atomic
 
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,
-       "watch-kill": 1, "damaged-newest": 1}  # fmt: skip
+       "watch-kill": 1, "damaged-newest": 1, "restore-kill": 1}  # fmt: skip
 assert set(MIX) <= set(KINDS)
 
 
@@ -42,16 +43,35 @@ def plan(count: int, seed: int) -> list[str]:
     return rng.choices(list(MIX), weights=list(MIX.values()), k=count)
 
 
-def load_state(path: Path, count: int, seed: int, per_leg: int, args: str) -> dict:
-    """The saved campaign if it is this one (same count, seed, legs and job), else a new one."""
+def load_state(
+    path: Path,
+    count: int,
+    seed: int,
+    per_leg: int,
+    args: str,
+    kinds: list[str] | None = None,
+    workers: int = 2,
+    storage_errors: float = 0.0,
+) -> dict:
+    """The saved campaign if it is this one (same faults, legs, job and pod), else a new one.
+    `kinds`: the faults in order, instead of the seeded plan (a campaign of chosen faults)."""
     fresh = {"count": count, "seed": seed, "per_leg": per_leg, "trainer_args": args,
-             "kinds": plan(count, seed), "legs": []}  # fmt: skip
-    if path.exists():
-        saved = json.loads(path.read_text())
-        same = all(saved.get(k) == fresh[k] for k in ("count", "seed", "per_leg", "trainer_args"))
+             "kinds": kinds or plan(count, seed), "workers": workers,
+             "storage_errors": storage_errors, "legs": []}  # fmt: skip
+    if path.exists():  # older states: 2 workers, no storage errors
+        saved = {"workers": 2, "storage_errors": 0.0, **json.loads(path.read_text())}
+        keys = ("count", "seed", "per_leg", "trainer_args", "kinds", "workers", "storage_errors")
+        same = all(saved.get(k) == fresh[k] for k in keys)
         if same:
             return saved
     return fresh
+
+
+def end_of_leg(pod) -> dict:
+    """What the pod holds at a leg's end: its checkpoints surveyed, and the timed kills (a
+    restore-kill's second SIGKILL: whether it landed while the job was restoring)."""
+    return {**survey_checkpoints(pod), "timed_kills": pod.timed_kills(),
+            "storage_faults": pod.storage_faults()}  # fmt: skip
 
 
 def survey_checkpoints(pod) -> dict:
@@ -121,15 +141,32 @@ def run(
     sets: tuple[str, ...] = ("checkpoint_every=100",),
     notice: float = 30.0,
     console=None,
+    kinds: list[str] | None = None,
+    min_steps: int | None = None,
+    slack: int = 60,
+    tail: int = 300,
+    workers: int = 2,
+    storage_errors: float = 0.0,
 ) -> dict:
+    """`kinds`: these faults in order instead of `count` drawn by `seed`; `min_steps`: steps
+    between a recovery and the next fault (default: a checkpoint interval + 50, so every fault
+    finds a newer committed step to lose); the job's steps are `min_steps + slack` per fault
+    (a fault waits for a healthy poll, a save-kill for a save) and `tail` more;
+    `storage_errors`: the share of the bucket's requests that fail (429, 503, dropped) in
+    every leg, from the pod's up to its end (the boots' downloads and the reference included)."""
+    if kinds is not None:
+        for kind in kinds:
+            faults.kind_of(kind)  # an unknown kind: one line, before any pod starts
+        count = len(kinds)
     interval = checkpoint_interval(" ".join(f"--set {s}" for s in sets)) or 100
-    min_steps = interval + 50  # every fault finds a newer committed step to lose
-    steps = per_leg * (min_steps + 60) + 300
+    min_steps = interval + 50 if min_steps is None else min_steps
+    steps = per_leg * (min_steps + slack) + tail
     args = " ".join([f"--config {preset} --steps {steps}", *(f"--set {s}" for s in sets)])
+    storage = {"rate": storage_errors, "kinds": ["429", "503", "drop"], "seed": seed}
     folder = out_dir / "faults"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "state.json"
-    state = load_state(path, count, seed, per_leg, args)
+    state = load_state(path, count, seed, per_leg, args, kinds, workers, storage_errors)
     legs = [state["kinds"][i : i + per_leg] for i in range(0, count, per_leg)]
     done_before = len(state["legs"])
     for index in range(done_before, len(legs)):
@@ -139,11 +176,13 @@ def run(
             folder / "pod",
             args,
             {"kinds": legs[index], "min_steps": min_steps},
+            workers=workers,
+            storage_faults=storage if storage_errors else None,
             notice=notice,
             reference="reference" not in state,
             references=(),
             hang=HANG_S,
-            after=survey_checkpoints,
+            after=end_of_leg,
             console=console,
         )
         record.save(folder / f"leg-{index + 1}.json")
@@ -200,8 +239,16 @@ def summarise(state: dict) -> dict:
         - len(expected),
         "damaged_set_aside": len(expected),
         "check_errors": [c["error"] for c in checks if "error" in c],
+        # restore-kills whose second SIGKILL landed while the job said `restoring`
+        "killed_restoring": sum(
+            k.get("state_at_kill") == "restoring" for c in checks for k in c.get("timed_kills", [])
+        ),
         "fingerprints_equal": all(leg["fingerprint_equal"] for leg in state["legs"]),
         "outcomes": [leg["outcome"] for leg in state["legs"]],
+        "storage_errors": state.get("storage_errors", 0.0),
+        "storage_injected": sum(
+            sum(c.get("storage_faults", {}).get("injected", {}).values()) for c in checks
+        ),
     }
 
 
@@ -223,7 +270,13 @@ def figures(r: dict) -> list[Figure]:
                 if r["injected"] < r["planned"]
                 else ""
             )  # fmt: skip
-            + f"; job: {r['trainer_args']}",
+            + f"; job: {r['trainer_args']}"
+            + (
+                f"; the bucket failed {r['storage_errors']:.0%} of requests (429, 503, dropped): "
+                f"{r['storage_injected']} failures injected"
+                if r.get("storage_errors")
+                else ""
+            ),
         ),
         Figure(
             f"fault campaign: final fingerprint equals the uninterrupted run ({what})",
@@ -249,6 +302,18 @@ def figures(r: dict) -> list[Figure]:
                 note=f"committed checkpoints lost: {k['committed_lost']}",
             )
         )
+        if kind == "restore-kill":  # the second SIGKILL must land inside the restore
+            landed = r.get("killed_restoring", 0)
+            figs.append(
+                Figure(
+                    f"fault campaign, {label}: second kills that landed while restoring",
+                    f"{landed} / {k['injected']}",
+                    n=k["injected"],
+                    goal="all",
+                    met=landed == k["injected"],
+                    note="the state the trainer's status file said just before the SIGKILL",
+                )
+            )
         worst = max(rec) if rec else None
         figs.append(
             Figure(

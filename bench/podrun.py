@@ -92,13 +92,15 @@ def run_on_pod(
     job=None,
     warm: bool = False,
     pod_options: dict | None = None,
+    storage_faults: dict | None = None,
 ) -> RunRecord:
     """Runs the job (the built-in trainer's with `trainer_args`, or `job`, an infra.job.Job)
     under watch with a `bench.faults.Schedule(**schedule_kwargs)`; with `reference`, then the
     uninterrupted "reference" and `references` (built-in trainer only); `after(pod)` (its result
     in `checks`) runs on the pod before it goes; `warm`: no fault before the job's environment
     is published (its bytecode in the bucket, as hours of a real run leave it by the first
-    preemption); `pod_options`: more LocalPod keywords (create_via). The pod is always torn
+    preemption); `pod_options`: more LocalPod keywords (create_via); `storage_faults`: a
+    localpod.storage_faults plan for the bucket once the pod is up. The pod is always torn
     down, whatever happens."""
     from localpod.demo.reference import read_object
     from localpod.pod import LocalPod
@@ -118,6 +120,8 @@ def run_on_pod(
     try:
         with console.status(f"bringing up a {workers}-worker local pod") as status:
             pod.up(progress=status.update)
+        if storage_faults:  # the bucket fails a share of requests from here to the end
+            pod.storage_faults(storage_faults)
         ready = time.time()
         journal_file = pod.paths.root / "journal.jsonl"
         journal_file.unlink(missing_ok=True)

@@ -111,7 +111,9 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
         m["saved"] = saved["heartbeat"]
     old = [s for s in status if s["worker"] == 0 and s["pid"] == old_pid]
     new = [s for s in status if s["worker"] == 0 and s["pid"] != old_pid and t0 < s["t"] < t_end]
-    new = [s for s in new if s["pid"] == new[0]["pid"]]
+    # the first new trainer that got through its restore (a restore-kill's first one did not)
+    through = [s["pid"] for s in new if s["state"] == "compiling"]
+    new = [s for s in new if s["pid"] == (through or [s["pid"] for s in new])[0]]
     log = trainer_events(lines, t0, t_end, new[0]["pid"], new[0]["heartbeat"]) if new else {}
     m.update(trainer_milestones(log))
     if new and "started" not in m:
@@ -204,6 +206,7 @@ LABELS = {
     "stockout": "kill, stockout on recreate",
     "watch-kill": "kill, watch killed mid-recovery",
     "damaged-newest": "kill, newest checkpoint damaged",
+    "restore-kill": "crash, then a kill during the restore",
 }
 RECOVERY_GOAL_S = 15.0
 

@@ -242,8 +242,10 @@ def faults_figs(a, console) -> list[Figure]:
     from bench import campaign
 
     per_leg = min(a.per_leg, a.count)
+    if not 0.0 <= a.storage_errors < 1.0:
+        raise SystemExit(f"--storage-errors must be in [0, 1), not {a.storage_errors:g}")
     r = campaign.run(OUT, a.count, a.seed, per_leg, a.preset, tuple(a.sets or GOODPUT_SETS),
-                     a.notice, console)  # fmt: skip
+                     a.notice, console, storage_errors=a.storage_errors)  # fmt: skip
     save("faults", r)
     figs = campaign.figures(r)
     if not r["legs_run_now"]:  # every leg was run before: the rows are of those runs

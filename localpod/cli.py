@@ -204,6 +204,13 @@ def _preempt(args: argparse.Namespace) -> int:
 
 
 def _crash(args: argparse.Namespace) -> int:
+    if getattr(args, "when", None):  # armed: the kill waits for the job to say that state
+        if args.delay < 0:
+            raise PodError("--delay must be >= 0")
+        return _call(args, lambda pod: (
+            pod.kill_when(args.worker, args.when, args.delay)
+            and f"worker {args.worker}: armed: its next job is killed {args.delay:g} s after "
+            f"saying {args.when!r}"))  # fmt: skip
     return _call(args, lambda pod: f"worker {args.worker}: job {pod.crash(args.worker)} killed")
 
 
@@ -342,6 +349,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             name, parents=[pod_dir], help=f"{what} the job's process group on a worker"
         )
         parser.add_argument("--worker", type=int, required=True, help="worker index")
+        if name == "crash":
+            parser.add_argument(
+                "--when", metavar="STATE",
+                help="not now: once a new job process's status file says STATE (e.g. "
+                "restoring, with a crash first: the restart's restore is killed)")  # fmt: skip
+            parser.add_argument("--delay", type=float, default=0.3,
+                                help="seconds after STATE is first seen [0.3]")  # fmt: skip
         parser.set_defaults(func=func)
 
     secret = sub.add_parser(

@@ -27,6 +27,7 @@ from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataS
 from localpod.privilege import login_user
 from localpod.slice import Slice
 from localpod.state import PodError, PodPaths, read_json, write_json
+from localpod.timed_kills import TimedKills
 from localpod.tpu_api import TpuApiServer
 from localpod.tpu_nodes import TpuService
 from localpod.worker_vm import write_ed25519_key
@@ -78,6 +79,7 @@ class Controller:
         self.api: ThreadingHTTPServer | None = None
         self.tpu: TpuApiServer | None = None
         self.slice: Slice | None = None
+        self.kills: TimedKills | None = None
         self.oslogin: oslogin.OsLoginServer | None = None
         self.secrets: secret_manager.SecretManagerServer | None = None
 
@@ -105,6 +107,8 @@ class Controller:
         )
         self.metadata.start()
         self.slice = Slice(self.paths, self.layout, store, self.kill_strays)
+        self.kills = TimedKills(lambda i: self.paths.tpupod_root(i) / "status.json",
+                                self.slice.signal_job)  # fmt: skip
         self.tpu = TpuApiServer(TpuService(self.slice, self.layout))
         self.tpu.start()
         # OS Login: keys imported here are what the workers' SSH servers (spawned after this,
@@ -204,8 +208,8 @@ def endpoints(paths: PodPaths, layout: dict, tpu_api: str, bucket: str) -> dict:
 
 
 class _ApiHandler(BaseHTTPRequestHandler):
-    """describe (GET); preempt / maintenance / crash / hang / stockout / shutdown (POST). Nodes are created
-    and deleted through the TPU API."""
+    """describe, kills (GET); preempt / maintenance / crash / hang / kill-when / stockout /
+    shutdown (POST). Nodes are created and deleted through the TPU API."""
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002
         pass
@@ -222,6 +226,8 @@ class _ApiHandler(BaseHTTPRequestHandler):
         ctl: Controller = self.server.controller  # type: ignore[attr-defined]
         if urlsplit(self.path).path == "/describe":
             return self._reply(200, {**ctl.slice.describe(), "pod": read_json(ctl.paths.pod)})
+        if urlsplit(self.path).path == "/kills":
+            return self._reply(200, {"kills": ctl.kills.report()})
         self._reply(404, {"error": f"no such endpoint {self.path}"})
 
     def do_POST(self) -> None:  # noqa: N802
@@ -246,6 +252,11 @@ class _ApiHandler(BaseHTTPRequestHandler):
             "/maintenance": lambda: ctl.slice.maintain(float(query.get("seconds", "5"))),
             "/crash": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGKILL)},
             "/hang": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGSTOP)},
+            "/kill-when": lambda: {
+                "armed": ctl.kills.arm(
+                    int(query["worker"]), query["state"], float(query.get("delay", "0.3"))
+                )
+            },
             "/shutdown": ctl.stop.set,
         }
         action = actions.get(url.path)

@@ -55,6 +55,14 @@ def damage_newest(pod) -> int | None:
     return step
 
 
+def _kill_during_restore(pod, notice: float, worker: int) -> dict:
+    """A crash of `worker`'s job, then SIGKILL again once its restart is restoring the newest
+    checkpoint (armed first, so the restart cannot begin before the kill is waiting for it)."""
+    armed = pod.kill_when(worker, "restoring")
+    pod.crash(worker)
+    return {"kill_armed": armed["armed"]}
+
+
 KINDS: dict[str, FaultKind] = {
     "notice": FaultKind("preemption with {notice:g} s notice (SIGTERM, the job saves, then the "
                         "slice goes)", "preemption", _preempt),
@@ -74,6 +82,9 @@ KINDS: dict[str, FaultKind] = {
     "damaged-newest": FaultKind("preemption without notice, then the newest checkpoint damaged "
                                 "(its largest state file cut to half)", "preemption",
                                 _kill_and_damage),
+    "restore-kill": FaultKind("crash (SIGKILL) of worker {worker}'s job, and SIGKILL again while "
+                              "its restart restores the newest checkpoint", "crash",
+                              _kill_during_restore),
     "watch-kill": FaultKind("preemption without notice, and the watch dies mid-recovery (a new "
                             "one goes on from incident.json)", "preemption", _preempt),
 }  # fmt: skip

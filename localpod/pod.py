@@ -405,6 +405,16 @@ class LocalPod:
         """SIGSTOP the job's process group on `worker`; returns its leader's pid."""
         return self._request("POST", f"/hang?worker={worker}")["pid"]
 
+    def kill_when(self, worker: int, state: str, delay: float = 0.3) -> dict:
+        """Arm a SIGKILL of `worker`'s job for when a new job process's status first says
+        `state` (plus `delay` s): localpod.timed_kills. Returns the armed record."""
+        query = f"worker={worker}&state={state}&delay={delay}"
+        return self._request("POST", f"/kill-when?{query}")["armed"]
+
+    def timed_kills(self) -> list[dict]:
+        """Every kill armed by `kill_when`, and what each one found when it fired."""
+        return self._request("GET", "/kills")["kills"]
+
     def __enter__(self) -> LocalPod:
         self.up()
         return self

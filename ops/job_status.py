@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 # The built-in trainer's states (trainer.status.TrainerState); a job that names none is training.
-STARTING_STATES = ("initializing", "compiling")
+STARTING_STATES = ("initializing", "restoring", "compiling")
 RUNNING_STATES = (*STARTING_STATES, "training", "saving")
 RESUMED_STATES = ("training", "saving", "done")
 

@@ -88,7 +88,7 @@ class WorkerGroup:
                     config=config,
                     gateway=w.proxy_command,
                     connect_timeout=connect_timeout,
-                    connect_kwargs=_connect_kwargs(w),
+                    connect_kwargs=_connect_kwargs(w, connect_timeout),
                 ),
                 w,
             )
@@ -109,12 +109,16 @@ class WorkerGroup:
         return sorted(self.connections)
 
     def run(
-        self, command: str, indices: Iterable[int] | None = None, timeout: float | None = None
+        self,
+        command: str,
+        indices: Iterable[int] | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
     ) -> dict[int, Outcome]:
         """Runs `command` on the workers together; retries the ones whose SSH failed."""
         todo = list(self.indices if indices is None else indices)
         outcomes: dict[int, Outcome] = {}
-        for attempt in range(self.retries + 1):
+        for attempt in range((self.retries if retries is None else retries) + 1):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             for index, outcome in self._run_once(command, todo, timeout).items():
@@ -198,7 +202,10 @@ class WorkerGroup:
         self._checked(self.run(command, timeout=timeout), "startup script")
 
     def probe(self) -> list[Probe]:
-        outcomes = self.run(PROBE_SCRIPT, timeout=20.0)
+        """One look at every worker, retried once: the next poll looks again, and a worker
+        that stays unreachable has a deadline of its own (ops.watch.deadlines), so a worker
+        that vanished mid-probe costs the watch seconds, not minutes."""
+        outcomes = self.run(PROBE_SCRIPT, timeout=20.0, retries=min(self.retries, 1))
         return [parse_probe(outcomes[i]) for i in self.indices]
 
     def read(self, path: str) -> dict[int, str | None]:
@@ -250,8 +257,11 @@ def pinned(cxn: Connection, worker: Worker) -> Connection:
     return cxn
 
 
-def _connect_kwargs(worker: Worker) -> dict:
-    kwargs: dict = {"banner_timeout": 30, "auth_timeout": 30}
+def _connect_kwargs(worker: Worker, connect_timeout: float) -> dict:
+    """The SSH banner is bounded like the connect: a live sshd sends it at once, and a tunnel to
+    a VM that is going away (IAP accepts, nothing answers) would otherwise hold each attempt
+    for paramiko's banner wait."""
+    kwargs: dict = {"banner_timeout": connect_timeout, "auth_timeout": 30}
     if worker.key_filename:
         kwargs.update(key_filename=worker.key_filename, look_for_keys=False, allow_agent=False)
     return kwargs

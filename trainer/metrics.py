@@ -11,7 +11,7 @@ import threading
 import time
 
 from trainer import events, storage
-from trainer.status import StatusFile
+from trainer.status import StatusFile, TrainerState
 
 # Dense bf16 peak FLOP/s per chip (vendor datasheets).
 PEAK_FLOPS = {
@@ -41,6 +41,11 @@ def generation(device) -> str | None:
     return None
 
 
+# States that beat however long they last: a restore of a large checkpoint and a first compile
+# take minutes, bounded by the watcher's startup limit instead of the stall rule.
+_BEATS_WHILE = (TrainerState.INITIALIZING, TrainerState.RESTORING, TrainerState.COMPILING)
+
+
 class Heartbeat:
     """Thread-safe status file plus a background heartbeat, so long steps never look hung.
 
@@ -68,7 +73,7 @@ class Heartbeat:
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            waiting = self._file.status.state in ("initializing", "compiling")
+            waiting = self._file.status.state in _BEATS_WHILE
             if not waiting and time.time() - self._progress > self._stall:
                 continue
             with self._lock, contextlib.suppress(OSError):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 class TrainerState(StrEnum):
     INITIALIZING = "initializing"
+    RESTORING = "restoring"  # finding, verifying and reading the newest committed checkpoint
     COMPILING = "compiling"
     TRAINING = "training"
     SAVING = "saving"

@@ -61,6 +61,7 @@ def run(
     # 2. Resume from the latest committed checkpoint, or create a fresh state already sharded.
     # A committed step that cannot be read is reported, moved aside, and the one before it used.
     t_restore = time.perf_counter()
+    hb.update(state=TrainerState.RESTORING)
     checkpoints = Checkpoints(workdir, cfg, jax.process_count(), data.checkpoint_meta(cfg, loaded))
     restored_from, state, data_iter, unreadable = restore_newest_readable(
         checkpoints, setup.abstract_state, data_iter

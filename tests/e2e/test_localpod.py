@@ -156,6 +156,16 @@ def test_cli_status_and_errors(pod: LocalPod, tmp_path: Path) -> None:
     assert absent.returncode == 2
     assert absent.stderr.startswith("tpupod: no local pod is up")
     assert len(absent.stderr.strip().splitlines()) == 1
+    # A kill armed for a state (the campaign's restore-kill): nothing is killed now.
+    armed = subprocess.run(
+        [*tpupod, "local", "crash", "--worker", "1", "--when", "restoring", "--delay", "0.5",
+         "--pod-dir", str(pod.paths.root)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert armed.returncode == 0, armed.stderr
+    assert "armed: its next job is killed 0.5 s after saying 'restoring'" in armed.stdout
+    (kill,) = pod.timed_kills()
+    assert kill["worker"] == 1 and kill["state"] == "restoring" and kill["fired"] is None, kill
 
 
 def test_a_second_up_is_refused_in_one_line(pod: LocalPod, tmp_path: Path) -> None:

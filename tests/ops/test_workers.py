@@ -161,3 +161,22 @@ def test_a_peer_gone_silent_fails_the_command_in_bounded_time(pod):
         assert took < 10, took
     finally:
         relay.close()
+
+
+def test_a_worker_that_accepts_but_never_answers_costs_a_probe_seconds(pod):
+    """A tunnel to a VM that is going away accepts and then says nothing (no SSH banner): the
+    probe gives up after its connect timeout, retried once, whatever the group's retries, so
+    the watch sees the TPU API's verdict on its next poll. Before the banner was bounded this
+    took four banner waits of 30 s."""
+    relay = FreezingRelay(pod[0].port)
+    relay.frozen.set()  # from the first byte: no banner ever arrives
+    worker = dataclasses.replace(workers_of(pod)[0], port=relay.port)
+    try:
+        with WorkerGroup([worker], retries=3, backoff=0.1, connect_timeout=2) as group:
+            began = time.monotonic()
+            (probe,) = group.probe()
+            took = time.monotonic() - began
+        assert not probe.reachable and probe.error, probe
+        assert took < 8, took  # two attempts of 2 s, and the backoff between them
+    finally:
+        relay.close()
