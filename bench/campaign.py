@@ -292,28 +292,20 @@ def figures(r: dict) -> list[Figure]:
     for kind, k in r["kinds"].items():
         label = LABELS.get(kind, kind)
         rec, lost = k["recovery_s"], k["steps_lost"]
+        landed, also = k["injected"], ""
+        if kind == "restore-kill":  # it counts only where the second SIGKILL hit the restore
+            landed = r.get("killed_restoring", 0)
+            also = f"; second kills that landed while the job said `restoring`: {landed}"
         figs.append(
             Figure(
                 f"fault campaign, {label}: recovered / injected",
                 f"{k['recovered']} / {k['injected']}",
                 n=k["injected"],
                 goal="all",
-                met=k["recovered"] == k["injected"],
-                note=f"committed checkpoints lost: {k['committed_lost']}",
+                met=k["recovered"] == k["injected"] == landed,
+                note=f"committed checkpoints lost: {k['committed_lost']}{also}",
             )
         )
-        if kind == "restore-kill":  # the second SIGKILL must land inside the restore
-            landed = r.get("killed_restoring", 0)
-            figs.append(
-                Figure(
-                    f"fault campaign, {label}: second kills that landed while restoring",
-                    f"{landed} / {k['injected']}",
-                    n=k["injected"],
-                    goal="all",
-                    met=landed == k["injected"],
-                    note="the state the trainer's status file said just before the SIGKILL",
-                )
-            )
         worst = max(rec) if rec else None
         figs.append(
             Figure(

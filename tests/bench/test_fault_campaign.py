@@ -48,6 +48,23 @@ def test_report_judges_every_goal():
     assert all(f.met is not None for f in rows if f.goal)
 
 
+def test_a_restore_kill_counts_only_where_its_second_kill_hit_the_restore():
+    def state(landed: str) -> dict:
+        kill = {"state": "restoring", "state_at_kill": landed, "fired": 1.0}
+        leg = {"outcome": "done", "fingerprint_equal": True, "faults": [
+            _fault("restore-kill", 5, 20.0)], "checkpoints": {"steps": [300], "timed_kills": [kill]}}  # fmt: skip
+        return {"count": 1, "seed": 0, "trainer_args": "--config tiny --set checkpoint_every=10",
+                "kinds": ["restore-kill"], "legs": [leg]}  # fmt: skip
+
+    def recovered(landed: str):
+        r = campaign.summarise(state(landed))
+        return next(f for f in campaign.figures(r) if f.name.endswith("recovered / injected"))
+
+    assert recovered("restoring").met is True
+    missed = recovered("compiling")  # the restore was over: not the fault the plan asked for
+    assert missed.met is False and "while the job said `restoring`: 0" in missed.note
+
+
 # The hardest faults, each once, in one 2-worker run (minutes: the three kills recreate the
 # slice, whose cold workers unpack the trainer's environment from the bucket).
 HARDEST = ["save-kill", "restore-kill", "watch-kill", "damaged-newest"]
