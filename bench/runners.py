@@ -239,7 +239,7 @@ def cost_figs(a, console) -> list[Figure]:
 
 
 def faults_figs(a, console) -> list[Figure]:
-    from bench import campaign
+    from bench import campaign, campaign_report
 
     per_leg = min(a.per_leg, a.count)
     if not 0.0 <= a.storage_errors < 1.0:
@@ -247,7 +247,7 @@ def faults_figs(a, console) -> list[Figure]:
     r = campaign.run(OUT, a.count, a.seed, per_leg, a.preset, tuple(a.sets or GOODPUT_SETS),
                      a.notice, console, storage_errors=a.storage_errors)  # fmt: skip
     save("faults", r)
-    figs = campaign.figures(r)
+    figs = campaign_report.figures(r)
     if not r["legs_run_now"]:  # every leg was run before: the rows are of those runs
         return measured_at(figs, r["last_leg_saved"], "last leg ended")
     return figs

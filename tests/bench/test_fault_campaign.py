@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import campaign
+from bench import campaign, campaign_report
 
 
 def test_plan_is_seeded_and_the_state_resumes_only_the_same_campaign(tmp_path: Path):
@@ -35,9 +35,9 @@ def test_report_judges_every_goal():
         _fault("hang", 30, None)]}  # fmt: skip
     state = {"count": 4, "seed": 0, "trainer_args": "--config tiny --set checkpoint_every=100",
              "kinds": ["notice", "kill", "kill", "hang"], "legs": [leg]}  # fmt: skip
-    r = campaign.summarise(state)
+    r = campaign_report.summarise(state)
     assert r["kinds"]["kill"]["steps_lost"] == [40, 230] and r["committed_lost"] == 0
-    rows = campaign.figures(r)
+    rows = campaign_report.figures(r)
     figs = {f.name.split(" (")[0]: f for f in rows}
     assert figs["fault campaign: committed checkpoints lost or corrupt"].met is True
     # two saves outstanding (200 and 300): beyond the bound
@@ -57,8 +57,10 @@ def test_a_restore_kill_counts_only_where_its_second_kill_hit_the_restore():
                 "kinds": ["restore-kill"], "legs": [leg]}  # fmt: skip
 
     def recovered(landed: str):
-        r = campaign.summarise(state(landed))
-        return next(f for f in campaign.figures(r) if f.name.endswith("recovered / injected"))
+        r = campaign_report.summarise(state(landed))
+        return next(
+            f for f in campaign_report.figures(r) if f.name.endswith("recovered / injected")
+        )
 
     assert recovered("restoring").met is True
     missed = recovered("compiling")  # the restore was over: not the fault the plan asked for
@@ -68,9 +70,9 @@ def test_a_restore_kill_counts_only_where_its_second_kill_hit_the_restore():
 # The hardest faults, each once, in one 2-worker run (minutes: the three kills recreate the
 # slice, whose cold workers unpack the trainer's environment from the bucket).
 HARDEST = ["save-kill", "restore-kill", "watch-kill", "damaged-newest"]
-# A save every 10 steps; each fault 20 steps after the last recovery, and 20 steps of slack for
-# it to be injected (a save-kill waits for a save): 4 x 40 + 20 = 180 steps.
-SHORT = {"sets": ("checkpoint_every=10",), "min_steps": 20, "slack": 20, "tail": 20}
+# A save every 10 steps; each fault 20 steps after the last recovery, and 10 steps of slack for
+# it to be injected (a save-kill waits for a save): 4 x 30 = 120 steps.
+SHORT = {"sets": ("checkpoint_every=10",), "min_steps": 20, "slack": 10, "tail": 0}
 
 
 @pytest.mark.e2e

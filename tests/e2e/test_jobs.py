@@ -33,7 +33,7 @@ from ops.watch import Limits, WatchConfig, Watcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
-NOTICE_S = 30.0
+NOTICE_S = 10.0  # GCE gives spot VMs 30 s; the job saves in about one, and CI waits less
 
 
 def config(job: jobs.Job, max_failures: int = 3) -> WatchConfig:
