@@ -1,10 +1,12 @@
 """The fault campaign: `uv run python -m bench faults --count 100 [--seed S]` (judged in
 bench.campaign_report).
 
-A seeded random mix of faults (localpod.faults.KINDS: notices, kills, crashes, hangs, kills during a
-save, stockouts on the re-create, watch kills mid-recovery, a damaged newest checkpoint) goes into long `tiny` runs on the
-local pod through the real `watch`, one fault whenever the job is healthy again and has stepped
-past one more checkpoint. The campaign runs in legs (`--per-leg` faults each, one pod run: the
+A seeded random mix of faults (localpod.faults.KINDS: notices, kills, crashes, hangs, kills
+during a save, stockouts on the re-create, watch kills mid-recovery, a damaged newest checkpoint,
+crashes whose restart is killed mid-restore) goes into long `tiny` runs on the local pod through
+the real `watch`, one fault whenever the job is healthy again and has stepped past one more
+checkpoint; with `--storage-errors R` the bucket also fails a share R of all requests (429, 503,
+dropped connections) through every leg. The campaign runs in legs (`--per-leg` faults each, one pod run: the
 pod's GCS is in memory, so a run cannot outlive its pod); after every leg its
 result goes to bench/out/faults/state.json, and a campaign started again with the same count and
 seed goes on with the next leg (resumable). `--per-leg` = `--count` makes it one run. Every leg

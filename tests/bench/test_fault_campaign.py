@@ -70,9 +70,10 @@ def test_a_restore_kill_counts_only_where_its_second_kill_hit_the_restore():
 # The hardest faults, each once, in one 2-worker run (minutes: the three kills recreate the
 # slice, whose cold workers unpack the trainer's environment from the bucket).
 HARDEST = ["save-kill", "restore-kill", "watch-kill", "damaged-newest"]
-# A save every 10 steps; each fault 20 steps after the last recovery, and 10 steps of slack for
-# it to be injected (a save-kill waits for a save): 4 x 30 = 120 steps.
-SHORT = {"sets": ("checkpoint_every=10",), "min_steps": 20, "slack": 10, "tail": 0}
+# A save every 10 steps; each fault 20 steps after the last recovery, and 15 steps of slack for
+# it to be injected (a save-kill waits for a poll to see a save): 4 x 35 = 140 steps. A fault
+# the run ended before fails the test (injected == 4).
+SHORT = {"sets": ("checkpoint_every=10",), "min_steps": 20, "slack": 15, "tail": 0}
 
 
 @pytest.mark.e2e
