@@ -24,6 +24,7 @@ GCE_METADATA_HOST and, on the local pod, STORAGE_EMULATOR_HOST.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -158,7 +159,9 @@ def _base() -> str:
     return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
 
 
+@functools.cache
 def _token() -> str:
+    """The VM's service-account token, once per run: a run lasts minutes, a token an hour."""
     host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
     url = f"http://{host}/computeMetadata/v1/instance/service-accounts/default/token"
     request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})

@@ -247,6 +247,11 @@ def test_a_trainer_without_progress_is_hung_even_with_a_fresh_heartbeat():
     assert judge(compiling) is WorkerCondition.RUNNING
     compiling.progress_age = 301
     assert judge(compiling) is WorkerCondition.HUNG
+    # a restore of a large checkpoint is a starting state too: the start limit, not the stall
+    restoring = probe(state="restoring", age=1, progress_age=LIMITS.stall + 1)
+    assert judge(restoring) is WorkerCondition.RUNNING
+    restoring.progress_age = LIMITS.start + 1
+    assert judge(restoring) is WorkerCondition.HUNG
 
 
 def test_every_waiting_condition_has_one_deadline_and_one_event_after_it():
