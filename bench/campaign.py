@@ -149,8 +149,10 @@ def run(
     tail: int = 300,
     workers: int = 2,
     storage_errors: float = 0.0,
+    legs_now: int | None = None,
 ) -> dict:
-    """`kinds`: these faults in order instead of `count` drawn by `seed`; `min_steps`: steps
+    """`legs_now`: run at most this many of the legs still to run (0: report what is saved);
+    `kinds`: these faults in order instead of `count` drawn by `seed`; `min_steps`: steps
     between a recovery and the next fault (default: a checkpoint interval + 50, so every fault
     finds a newer committed step to lose); the job's steps are `min_steps + slack` per fault
     (a fault waits for a healthy poll, a save-kill for a save) and `tail` more;
@@ -171,7 +173,8 @@ def run(
     state = load_state(path, count, seed, per_leg, args, kinds, workers, storage_errors)
     legs = [state["kinds"][i : i + per_leg] for i in range(0, count, per_leg)]
     done_before = len(state["legs"])
-    for index in range(done_before, len(legs)):
+    last = len(legs) if legs_now is None else min(len(legs), done_before + legs_now)
+    for index in range(done_before, last):
         if console is not None:
             console.print(f"fault campaign leg {index + 1}/{len(legs)}: {', '.join(legs[index])}")
         record = run_on_pod(

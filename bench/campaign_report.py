@@ -55,7 +55,8 @@ def summarise(state: dict) -> dict:
         "killed_restoring": sum(
             k.get("state_at_kill") == "restoring" for c in checks for k in c.get("timed_kills", [])
         ),
-        "fingerprints_equal": all(leg["fingerprint_equal"] for leg in state["legs"]),
+        "fingerprints_equal": bool(state["legs"])
+        and all(leg["fingerprint_equal"] for leg in state["legs"]),
         "outcomes": [leg["outcome"] for leg in state["legs"]],
         "storage_errors": state.get("storage_errors", 0.0),
         "storage_injected": sum(

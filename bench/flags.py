@@ -35,6 +35,8 @@ FLAGS: dict[str, dict] = {
     "--count": dict(type=int, default=100, help="how many faults in all [100]"),
     "--seed": dict(type=int, default=0, help="seed of the random mix [0]"),
     "--per-leg": dict(type=int, default=25, help="faults per pod run (leg) [25]"),
+    "--legs": dict(type=int, default=None, help="run at most this many more legs now (0: "
+                   "report the saved ones) [all]"),
     "--storage-errors": dict(type=float, default=0.0, help="share of the bucket's requests that "
                              "fail (429, 503, dropped) through every leg [0]"),
 }  # fmt: skip
@@ -54,7 +56,7 @@ BY_BENCHMARK: dict[str, tuple[str, ...]] = {
     "goodput": ("--record", "--period", "--steps", "--faults", "--preset", "--set", "--notice"),
     "cost": (),
     "faults": ("--count", "--seed", "--per-leg", "--preset", "--set", "--notice",
-               "--storage-errors"),
+               "--storage-errors", "--legs"),
 }  # fmt: skip
 
 

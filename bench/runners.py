@@ -245,7 +245,7 @@ def faults_figs(a, console) -> list[Figure]:
     if not 0.0 <= a.storage_errors < 1.0:
         raise SystemExit(f"--storage-errors must be in [0, 1), not {a.storage_errors:g}")
     r = campaign.run(OUT, a.count, a.seed, per_leg, a.preset, tuple(a.sets or GOODPUT_SETS),
-                     a.notice, console, storage_errors=a.storage_errors)  # fmt: skip
+                     a.notice, console, storage_errors=a.storage_errors, legs_now=a.legs)  # fmt: skip
     save("faults", r)
     figs = campaign_report.figures(r)
     if not r["legs_run_now"]:  # every leg was run before: the rows are of those runs

@@ -105,3 +105,11 @@ def test_the_hardest_faults_on_the_pod_lose_no_committed_checkpoint(tmp_path: Pa
     again = campaign.run(tmp_path, per_leg=4, kinds=HARDEST, **SHORT)
     assert again.pop("legs_run_now") == 0 and r.pop("legs_run_now") == 1  # resumed: not run again
     assert again == r
+
+
+def test_a_campaign_asked_for_no_leg_now_runs_none_and_proves_nothing(tmp_path: Path):
+    r = campaign.run(tmp_path, count=8, per_leg=4, legs_now=0)  # no pod: nothing saved yet
+    assert r["legs_run_now"] == 0 and r["injected"] == 0 and r["planned"] == 8
+    figs = {f.name.split(" (")[0]: f for f in campaign_report.figures(r)}
+    assert figs["fault campaign: committed checkpoints lost or corrupt"].met is False
+    assert figs["fault campaign: final fingerprint equals the uninterrupted run"].met is False
