@@ -68,10 +68,14 @@ def summarise(state: dict) -> dict:
 def figures(r: dict) -> list[Figure]:
     what = f"{r['injected']} faults, seed {r['seed']}, {r['legs']} legs"
     corrupt = r["committed_lost"] + r["unreadable"]
+    # A campaign stopped between legs is reported as it stands, never judged as a whole one.
+    partial = r["injected"] < r["planned"]
+    part = f"not complete: {r['injected']} of {r['planned']} faults, {r['legs']} legs"
+    fingerprint = "yes" if r["fingerprints_equal"] else "no"
     figs = [
         Figure(
             f"fault campaign: committed checkpoints lost or corrupt ({what})",
-            corrupt,
+            f"{part}: {corrupt}" if partial else corrupt,
             n=r["injected"],
             goal="0",
             met=corrupt == 0 and not r["check_errors"] and r["injected"] == r["planned"],
@@ -93,7 +97,7 @@ def figures(r: dict) -> list[Figure]:
         ),
         Figure(
             f"fault campaign: final fingerprint equals the uninterrupted run ({what})",
-            "yes" if r["fingerprints_equal"] else "no",
+            f"{part}: {fingerprint}" if partial else fingerprint,
             n=r["legs"],
             goal="yes",
             met=r["fingerprints_equal"] and all(o == "done" for o in r["outcomes"]),

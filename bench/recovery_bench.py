@@ -134,15 +134,13 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
         m["training"] = training["heartbeat"]
     # the last step the old trainer reached (it may step on after SIGTERM until it saves)
     last_step = max((s["step"] for s in old), default=fault.get("step"))
-    committed = [s["last_checkpoint"] for s in status
-                 if s["t"] < t0 and s.get("last_checkpoint") is not None]  # fmt: skip
     resumed = ev.get("resumed", {})
     return {
         "kind": fault["kind"],
         "notice": fault.get("notice"),
         "step_at_fault": last_step,
         "restored_from": restored_from,
-        "committed_before": max(committed, default=None),  # the newest any trainer reported
+        "committed_before": committed_before(status, t0),
         "steps_lost": None if restored_from is None else max(0, last_step - restored_from),
         "watch_steps_lost": resumed.get("steps_lost"),
         "detected_to_resumed_s": resumed.get("recovery_s"),
@@ -152,6 +150,18 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
         # every kind from the fault, a hang's heartbeat limit included (bench/rules.py)
         "fault_to_first_step_s": m["first_step"] - t0 if "first_step" in m else None,
     }
+
+
+def committed_before(status: list[dict], t0: float) -> int | None:
+    """The newest step the trainers running at `t0` reported committed: each worker's latest
+    process before the fault, not every process before it. A step an earlier process committed
+    and a later restore set aside (damaged-newest damages it on purpose) is not theirs to keep;
+    a step the current processes committed and the next restore skips still counts."""
+    before = [s for s in status if s["t"] < t0]
+    latest = {s["worker"]: s["pid"] for s in sorted(before, key=lambda s: s["t"])}
+    steps = [s["last_checkpoint"] for s in before if latest[s["worker"]] == s["pid"]
+             and s.get("last_checkpoint") is not None]  # fmt: skip
+    return max(steps, default=None)
 
 
 def phases(m: dict[str, float]) -> dict[str, float]:

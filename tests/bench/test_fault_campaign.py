@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import campaign, campaign_report
+from bench import campaign, campaign_report, recovery_bench
 
 
 def test_plan_is_seeded_and_the_state_resumes_only_the_same_campaign(tmp_path: Path):
@@ -113,3 +113,21 @@ def test_a_campaign_asked_for_no_leg_now_runs_none_and_proves_nothing(tmp_path: 
     figs = {f.name.split(" (")[0]: f for f in campaign_report.figures(r)}
     assert figs["fault campaign: committed checkpoints lost or corrupt"].met is False
     assert figs["fault campaign: final fingerprint equals the uninterrupted run"].met is False
+    assert all(f.value.startswith("not complete: 0 of 8 faults") for f in figs.values())
+
+
+def _status(t: float, worker: int, pid: int, committed: int) -> dict:
+    return {"t": t, "worker": worker, "pid": pid, "last_checkpoint": committed}
+
+
+def test_committed_before_is_the_running_trainers_not_a_set_aside_steps():
+    # trainers 1/2 committed 550; a fault damaged 550, the restore set it aside and the new
+    # trainers (3/4) restored 500 and have committed nothing newer when the next fault comes
+    status = [_status(10, 0, 1, 550), _status(10, 1, 2, 550),
+              _status(20, 0, 3, 500), _status(20, 1, 4, 500)]  # fmt: skip
+    assert recovery_bench.committed_before(status, t0=30) == 500
+    # negative control: the running trainers committed 550 themselves; a restore from 500
+    # after this fault loses it
+    status += [_status(25, 0, 3, 550), _status(25, 1, 4, 550)]
+    assert recovery_bench.committed_before(status, t0=30) == 550
+    assert recovery_bench.committed_before(status, t0=5) is None  # nothing reported yet
