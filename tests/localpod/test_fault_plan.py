@@ -62,7 +62,6 @@ def test_an_injection_that_fails_is_tried_again_not_counted():
 
 def test_one_vocabulary_and_an_unknown_kind_is_refused():
     assert {"notice", "kill", "crash", "hang", "save-kill", "stockout", "watch-kill",
-            "damaged-newest"} == set(
-        faults.KINDS)  # fmt: skip
+            "damaged-newest", "restore-kill"} == set(faults.KINDS)  # fmt: skip
     with pytest.raises(ValueError, match="unknown fault 'preemption'"):
         Fault("preemption", 10)
