@@ -204,14 +204,16 @@ def _preempt(args: argparse.Namespace) -> int:
 
 
 def _crash(args: argparse.Namespace) -> int:
-    if getattr(args, "when", None):  # armed: the kill waits for the job to say that state
-        if args.delay < 0:
-            raise PodError("--delay must be >= 0")
-        return _call(args, lambda pod: (
-            pod.kill_when(args.worker, args.when, args.delay)
-            and f"worker {args.worker}: armed: its next job is killed {args.delay:g} s after "
-            f"saying {args.when!r}"))  # fmt: skip
-    return _call(args, lambda pod: f"worker {args.worker}: job {pod.crash(args.worker)} killed")
+    if not getattr(args, "when", None):
+        return _call(args, lambda pod: f"worker {args.worker}: job {pod.crash(args.worker)} killed")
+    if args.delay < 0:
+        raise PodError("--delay must be >= 0")
+
+    def arm(pod: LocalPod) -> str:  # the kill waits for the job to say that state
+        pod.kill_when(args.worker, args.when, args.delay)
+        return f"worker {args.worker}: armed: its next job is killed {args.delay:g} s after saying {args.when!r}"
+
+    return _call(args, arm)
 
 
 def _hang(args: argparse.Namespace) -> int:
