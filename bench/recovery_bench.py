@@ -217,6 +217,9 @@ LABELS = {
     "watch-kill": "kill, watch killed mid-recovery",
     "damaged-newest": "kill, newest checkpoint damaged",
     "restore-kill": "crash, then a kill during the restore",
+    "save-crash": "crash during a save",
+    "watch-crash": "crash, watch killed mid-restart",
+    "damaged-crash": "crash, newest checkpoint damaged",
 }
 RECOVERY_GOAL_S = 15.0
 

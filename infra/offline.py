@@ -7,6 +7,7 @@ process can evaluate every stack in turn. Nothing reaches GCP.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import runpy
 import threading
@@ -147,6 +148,15 @@ def stack_config(stack: str, project: str | None = TEST_PROJECT) -> dict[str, st
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
+def _ensure_event_loop() -> None:
+    """Pulumi's mocks run on the thread's current event loop (`asyncio.get_event_loop`), and an
+    `asyncio.run` earlier in the same process leaves the thread with none: set a new one."""
+    try:
+        asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 def evaluate(stack: str, config: dict[str, str] | None = None, *, check: bool = True) -> Evaluation:
     """Run `__main__.py` for `stack` (config from its stack file unless given) under mocks.
 
@@ -154,6 +164,7 @@ def evaluate(stack: str, config: dict[str, str] | None = None, *, check: bool = 
     can look at what was (not) registered before it.
     """
     settings.ROOT.set(None)
+    _ensure_event_loop()
     cloud = CloudMocks()
     monitor = RecordingMonitor(cloud)
     pulumi.runtime.set_mocks(cloud, project="tpupod", stack=stack, preview=False, monitor=monitor)

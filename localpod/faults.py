@@ -55,6 +55,17 @@ def damage_newest(pod) -> int | None:
     return step
 
 
+def _crash_and_damage(pod, notice: float, worker: int) -> dict:
+    """A crash of `worker`'s job, then the newest verified checkpoint damaged as above. This runs
+    inside one poll of the watch (on_poll), so the restart cannot read the step before it is cut;
+    no new step can commit meanwhile (process 0 commits, and the restart stops every worker)."""
+    pod.crash(worker)
+    try:
+        return {"damaged": damage_newest(pod)}
+    except (OSError, ValueError) as err:
+        return {"damaged": None, "damage_error": str(err)}
+
+
 def _kill_during_restore(pod, notice: float, worker: int) -> dict:
     """A crash of `worker`'s job, then SIGKILL again once its restart is restoring the newest
     checkpoint (armed first, so the restart cannot begin before the kill is waiting for it)."""
@@ -87,12 +98,24 @@ KINDS: dict[str, FaultKind] = {
                               _kill_during_restore),
     "watch-kill": FaultKind("preemption without notice, and the watch dies mid-recovery (a new "
                             "one goes on from incident.json)", "preemption", _preempt),
+    # The same hard faults with the slice staying: a restart, not a cold recreate (seconds
+    # instead of half a minute on the local pod), so one run of each fits the CI test run.
+    "save-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job while it is saving (the "
+                            "slice stays)", "crash", lambda pod, notice, worker: pod.crash(worker)),
+    "watch-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, and the watch dies "
+                             "mid-restart (a new one goes on from incident.json)", "crash",
+                             lambda pod, notice, worker: pod.crash(worker)),
+    "damaged-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, then the newest "
+                               "checkpoint damaged (its largest state file cut to half)", "crash",
+                               _crash_and_damage),
 }  # fmt: skip
 # Creates the slice's zone refuses: a queued resource takes one a second while it waits, so this
 # outlasts the local watcher's zone patience (ops.watch.deadlines, 3 s) and the slice moves on.
 STOCKOUT_CREATES = 6
-ONLY_WHILE_SAVING = {"save-kill"}  # injected only while some worker's job is saving
-KILLS_WATCH = {"watch-kill"}  # the watch dies mid-recovery (bench.faults.WatchKilled)
+# Injected only while some worker's job is saving; the watch dies mid-recovery
+# (bench.faults.WatchKilled).
+ONLY_WHILE_SAVING = {"save-kill", "save-crash"}
+KILLS_WATCH = {"watch-kill", "watch-crash"}
 
 
 def kind_of(name: str) -> FaultKind:

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import quote
@@ -48,21 +49,30 @@ def emulator_env(pod_dir) -> dict[str, str]:
             "JAX_PLATFORMS": "cpu"}  # fmt: skip
 
 
-def read_object(pod_dir, path: str) -> dict | None:
-    """A JSON object from the pod's bucket (its GCS emulator, as named in endpoints.json)."""
+def read_object(pod_dir, path: str, attempts: int = 5) -> dict | None:
+    """A JSON object from the pod's bucket (its GCS emulator, as named in endpoints.json); None
+    if it is not there. 429, 5xx and dropped connections are retried with backoff, as a GCS
+    client does: a bucket failing a share of requests (storage faults) must not hide the object."""
     try:
         found = endpoints(pod_dir)
         url, bucket = found["storage"].rstrip("/"), found["bucket"]
     except (OSError, ValueError, KeyError):
         return None
     obj = quote(path, safe="")
-    try:
-        with urllib.request.urlopen(
-            f"{url}/storage/v1/b/{bucket}/o/{obj}?alt=media", timeout=30
-        ) as r:
-            return json.loads(r.read())
-    except (OSError, ValueError):
-        return None
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(
+                f"{url}/storage/v1/b/{bucket}/o/{obj}?alt=media", timeout=30
+            ) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            if err.code != 429 and err.code < 500:
+                return None
+        except (OSError, ValueError):  # dropped, refused, cut short
+            pass
+        if attempt < attempts - 1:
+            time.sleep(0.2 * 2**attempt)
+    return None
 
 
 def run_reference(pod_dir, run_id: str, timeout: float = 900.0) -> tuple[bool, float]:

@@ -6,6 +6,7 @@ change, rewrite them with `TPUPOD_UPDATE_GOLDEN=1 uv run pytest tests/infra -q` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pulumi
@@ -18,6 +19,13 @@ from infra.security import IAP_RANGE, OS_LOGIN_METADATA
 STACKS = offline.stack_names()
 TPU = "gcp:tpu/v2Vm:V2Vm"
 FIREWALL = "gcp:compute/firewall:Firewall"
+
+
+def test_a_stack_evaluates_after_an_asyncio_run_in_the_same_process():
+    # asyncio.run leaves the thread with no current event loop, which Pulumi's mocks need (an
+    # ops test, or a CLI command, may have run one before): evaluate sets its own.
+    asyncio.run(asyncio.sleep(0))
+    assert offline.evaluate("v4-8").one(TPU)
 
 
 def stack_config(stack: str):

@@ -62,6 +62,7 @@ def test_an_injection_that_fails_is_tried_again_not_counted():
 
 def test_one_vocabulary_and_an_unknown_kind_is_refused():
     assert {"notice", "kill", "crash", "hang", "save-kill", "stockout", "watch-kill",
-            "damaged-newest", "restore-kill"} == set(faults.KINDS)  # fmt: skip
+            "damaged-newest", "restore-kill", "save-crash", "watch-crash",
+            "damaged-crash"} == set(faults.KINDS)  # fmt: skip
     with pytest.raises(ValueError, match="unknown fault 'preemption'"):
         Fault("preemption", 10)
