@@ -7,8 +7,8 @@ own empty caches) and install from the bucket: the session's first pod builds it
 the package index and later pods' buckets start with them (localpod.env_seed).
 
 The README's test command runs the suite on two pytest-xdist processes (the machines have two
-cores, and most of a pod test is waiting): every test that drives a local pod is in one xdist
-group, so pods run one at a time, in one process whose session seeds the bucket's environments
+cores, and most of a pod test is waiting): every test that drives a local pod is in one unit of
+work, so pods run one at a time, in one process whose session seeds the bucket's environments
 once, beside the trainer, ops and infra tests."""
 
 from __future__ import annotations
@@ -20,14 +20,29 @@ import pytest
 
 from localpod.env_seed import SEED_VAR
 
-POD_DIRS = {"e2e", "localpod", "bootstrap"}
+# Every test that drives a local pod (by where it lives).
+POD_TESTS = (
+    "tests/e2e/",
+    "tests/localpod/",
+    "tests/bootstrap/",
+    "tests/bench/test_fault_campaign.py",
+)
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        parts = set(item.path.relative_to(config.rootpath).parts[:2])
-        if "tests" in parts and parts & POD_DIRS or item.get_closest_marker("e2e"):
-            item.add_marker(pytest.mark.xdist_group("pod"))
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n 2`: the pod tests are one unit of work (one xdist process runs them in order, one
+    pod at a time, module fixtures kept), every other test module a unit of its own. Not an
+    xdist_group marker: pytest-xdist 3.8 names groups through `item._nodeid`, which pytest 9's
+    nodes no longer read (the groups are silently ignored)."""
+    if config.getvalue("dist") != "load":  # an explicit --dist is the caller's choice
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PodTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "pods" if nodeid.startswith(POD_TESTS) else nodeid.split("::", 1)[0]
+
+    return PodTestsTogether(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

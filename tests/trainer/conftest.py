@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import gcsfs
 import pytest
 
 from localpod.storage import emulator_command
@@ -62,8 +63,12 @@ def gcs_emulator(monkeypatch):
         env = gcs_env(port)
         for key, value in env.items():
             monkeypatch.setenv(key, value)
+        # fsspec keeps one GCSFileSystem per constructor arguments, made with the environment
+        # of its day: an earlier test's (another emulator, or none: storage.googleapis.com).
+        gcsfs.GCSFileSystem.clear_instance_cache()
         yield env
     finally:
+        gcsfs.GCSFileSystem.clear_instance_cache()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
