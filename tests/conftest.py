@@ -7,9 +7,9 @@ own empty caches) and install from the bucket: the session's first pod builds it
 the package index and later pods' buckets start with them (localpod.env_seed).
 
 The README's test command runs the suite on two pytest-xdist processes (the machines have two
-cores, and most of a pod test is waiting): every test that drives a local pod is in one unit of
-work, so pods run one at a time, in one process whose session seeds the bucket's environments
-once, beside the trainer, ops and infra tests."""
+cores, and most of a pod test is waiting): the tests whose pods boot tpupod's own startup script
+are one unit of work, so those pods run one at a time, in one process whose session seeds the
+bucket's environments once, beside every other test module."""
 
 from __future__ import annotations
 
@@ -20,18 +20,29 @@ import pytest
 
 from localpod.env_seed import SEED_VAR
 
-# Every test that drives a local pod (by where it lives).
+# The test modules whose local pods boot tpupod's own startup script (uv, the environment from the
+# bucket, the trainer or a job): the heavy ones, and the ones that share the session's seeded
+# environments. Pods with a stand-in startup script are light and run beside them.
 POD_TESTS = (
-    "tests/e2e/",
-    "tests/localpod/",
-    "tests/bootstrap/",
     "tests/bench/test_fault_campaign.py",
+    "tests/bootstrap/test_localpod_boot.py",
+    "tests/bootstrap/test_rollout.py",
+    "tests/e2e/test_demo.py",
+    "tests/e2e/test_forensics.py",
+    "tests/e2e/test_job_contract.py",
+    "tests/e2e/test_jobs.py",
+    "tests/e2e/test_maxtext.py",
+    "tests/e2e/test_watch.py",
+    "tests/e2e/test_watcher.py",
+    "tests/localpod/test_package_index.py",
+    "tests/localpod/test_stack_specs.py",
+    "tests/localpod/test_worker_vm.py",
 )
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`pytest -n 2`: the pod tests are one unit of work (one xdist process runs them in order, one
-    pod at a time, module fixtures kept), every other test module a unit of its own. Not an
+    """`pytest -n 2`: the POD_TESTS are one unit of work (one xdist process runs them in order, one
+    such pod at a time), every other test module a unit of its own (module fixtures kept). Not an
     xdist_group marker: pytest-xdist 3.8 names groups through `item._nodeid`, which pytest 9's
     nodes no longer read (the groups are silently ignored)."""
     if config.getvalue("dist") != "load":  # an explicit --dist is the caller's choice
