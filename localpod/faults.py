@@ -20,10 +20,26 @@ def _preempt(pod, notice: float, worker: int) -> object:
     return pod.preempt(notice=notice, wait=False)
 
 
+def _crash(pod, notice: float, worker: int) -> object:
+    return pod.crash(worker)
+
+
 def _kill_and_damage(pod, notice: float, worker: int) -> dict:
     """A preemption without notice, then the newest verified checkpoint damaged in the bucket
     (its largest state file cut to half), before any new trainer can read it."""
     pod.preempt(notice=0.0, wait=True)
+    return _damaged(pod)
+
+
+def _crash_and_damage(pod, notice: float, worker: int) -> dict:
+    """A crash of `worker`'s job, then the newest verified checkpoint damaged as above. This runs
+    inside one poll of the watch (on_poll), so the restart cannot read the step before it is cut;
+    no new step can commit meanwhile (process 0 commits, and the restart stops every worker)."""
+    pod.crash(worker)
+    return _damaged(pod)
+
+
+def _damaged(pod) -> dict:
     try:  # the kill happened: whatever the damage does, the fault is recorded
         return {"damaged": damage_newest(pod)}
     except (OSError, ValueError) as err:  # urllib's errors are OSErrors
@@ -55,17 +71,6 @@ def damage_newest(pod) -> int | None:
     return step
 
 
-def _crash_and_damage(pod, notice: float, worker: int) -> dict:
-    """A crash of `worker`'s job, then the newest verified checkpoint damaged as above. This runs
-    inside one poll of the watch (on_poll), so the restart cannot read the step before it is cut;
-    no new step can commit meanwhile (process 0 commits, and the restart stops every worker)."""
-    pod.crash(worker)
-    try:
-        return {"damaged": damage_newest(pod)}
-    except (OSError, ValueError) as err:
-        return {"damaged": None, "damage_error": str(err)}
-
-
 def _kill_during_restore(pod, notice: float, worker: int) -> dict:
     """A crash of `worker`'s job, then SIGKILL again once its restart is restoring the newest
     checkpoint (armed first, so the restart cannot begin before the kill is waiting for it)."""
@@ -80,7 +85,7 @@ KINDS: dict[str, FaultKind] = {
     "kill": FaultKind("preemption without notice (SIGTERM and SIGKILL at once)", "preemption",
                       _preempt),
     "crash": FaultKind("crash (SIGKILL) of worker {worker}'s job (the slice stays)", "crash",
-                       lambda pod, notice, worker: pod.crash(worker)),
+                       _crash),
     "hang": FaultKind("hang (SIGSTOP) of worker {worker}'s job (the slice stays; its heartbeat "
                       "goes stale)", "hang", lambda pod, notice, worker: pod.hang(worker)),
     "save-kill": FaultKind("preemption without notice while a worker's job is saving",
@@ -101,10 +106,10 @@ KINDS: dict[str, FaultKind] = {
     # The same hard faults with the slice staying: a restart, not a cold recreate (seconds
     # instead of half a minute on the local pod), so one run of each fits the CI test run.
     "save-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job while it is saving (the "
-                            "slice stays)", "crash", lambda pod, notice, worker: pod.crash(worker)),
+                            "slice stays)", "crash", _crash),
     "watch-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, and the watch dies "
                              "mid-restart (a new one goes on from incident.json)", "crash",
-                             lambda pod, notice, worker: pod.crash(worker)),
+                             _crash),
     "damaged-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, then the newest "
                                "checkpoint damaged (its largest state file cut to half)", "crash",
                                _crash_and_damage),
