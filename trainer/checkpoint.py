@@ -26,6 +26,10 @@ from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave
 from trainer.tokenizer import identity_of
 
+# How long wait() (a final or preemption save) lets a process other than 0 wait for process 0's
+# manifest, which it writes right after the commit (one listing of the step).
+MANIFEST_WAIT_S = 15.0
+
 
 def save_policy(cfg: Config):
     """Every N steps and/or T seconds, plus the preemption sync step (without the last, a custom
@@ -90,6 +94,7 @@ class Checkpoints:
         )
         self.committed: int | None = self.manager.latest_step()
         self._pending: int | None = None
+        self._unverified: int | None = None  # committed by Orbax, its manifest not seen yet
         self._said_behind = False
         self.behind: dict | None = None  # set once: the first save that found one in flight
         self.deferred = 0  # periodic saves that came due while the previous one still wrote
@@ -202,11 +207,28 @@ class Checkpoints:
         self._pending = step
 
     def _commit(self, step: int) -> None:
-        """A save has finished: its step is committed, and process 0 writes its manifest (every
-        process's files are in by then: Orbax commits after all of them)."""
-        self.committed = step
+        """A save has finished (Orbax commits once every process's files are in). Only a step with
+        its manifest is ever restored, so only such a step counts as committed, on every process:
+        process 0 writes the manifest, then counts the step; the others count it once they see
+        the manifest. (A worker that counted it at Orbax's commit once reported a step whose
+        manifest never came: process 0 was killed in between, and the restore refused it.)"""
         if jax.process_index() == 0:
             manifest.write(self.step_dir(step), step)
+            self.committed = step
+        else:
+            self._unverified = step
+            self._see_manifest()
+
+    def _see_manifest(self, wait_s: float = 0.0) -> None:
+        """Counts the step waiting for process 0's manifest once the manifest is there."""
+        deadline = time.monotonic() + wait_s
+        while self._unverified is not None:
+            if storage.exists(storage.join(self.step_dir(self._unverified), manifest.NAME)):
+                self.committed, self._unverified = self._unverified, None
+            elif time.monotonic() >= deadline:
+                return
+            else:
+                time.sleep(0.2)
 
     def behind_line(self, cfg: Config) -> str:
         """The one warning for saves that cannot keep up with the interval, with the fix."""
@@ -226,15 +248,20 @@ class Checkpoints:
         )
 
     def poll(self) -> int | None:
-        """The last committed step (an async save counts once it has finished)."""
+        """The last committed step (an async save counts once it has finished and has its
+        manifest)."""
         if self._pending is not None and not self.manager.is_saving_in_progress():
             step, self._pending = self._pending, None
             self._commit(step)
+        elif self._unverified is not None:
+            self._see_manifest()
         return self.committed
 
     def wait(self) -> int | None:
         self.manager.wait_until_finished()
-        return self.poll()
+        self.poll()
+        self._see_manifest(MANIFEST_WAIT_S)
+        return self.committed
 
     def close(self) -> None:
         """Joins the deleter of old steps. Call it after reporting the commit: if the deadline

@@ -56,7 +56,11 @@ def write_bytes(uri: str, data: bytes) -> None:
 
 
 def exists(uri: str) -> bool:
-    return fs(uri).exists(uri)
+    """Asks the store now: gcsfs answers from a cached listing of the parent otherwise (an object
+    another process wrote since would stay missing)."""
+    f = fs(uri)
+    f.invalidate_cache(parent(uri))
+    return f.exists(uri)
 
 
 # How long the start-up probe waits for a bucket: gcsfs alone retries an unreachable endpoint for

@@ -68,3 +68,26 @@ def test_damaged_steps_are_refused_one_line_each_and_the_run_ends_equal(
     names = {p.rsplit("/", 1)[-1] for p in fs.ls(CKPT)}
     aside = sorted(n.split(".")[0] for n in names if ".unreadable-" in n)
     assert aside == ["12", "16", "20", "8"]  # set aside, never deleted
+
+
+def test_another_process_counts_a_step_committed_only_once_its_manifest_is_there(
+    gcs_emulator, monkeypatch
+):
+    """A worker must not report a step its restore would refuse. Orbax's commit is not enough:
+    process 0's manifest must be there (a campaign once saw worker 1 report step 512 committed,
+    and process 0 was killed before writing 512's manifest; the restore took 450)."""
+    from localpod import storage as bucket
+    from trainer import checkpoint
+    from trainer.config import load_config
+
+    monkeypatch.setattr(checkpoint.jax, "process_index", lambda: 1)
+    checkpoints = checkpoint.Checkpoints(f"{WD}-unverified", load_config("tiny"), 1)
+    checkpoints._commit(20)  # Orbax committed step 20 here; process 0 has not verified it yet
+    assert checkpoints.poll() is None and checkpoints.poll() is None
+    # process 0 writes the manifest (another process: straight to the bucket, not through the
+    # gcsfs instance here, whose cached listing must not hide it)
+    name = "runs/verify-unverified/checkpoints/20/" + NAME
+    bucket.upload(
+        gcs_emulator["STORAGE_EMULATOR_HOST"], "tpupod-test", name, b"{}", "application/json"
+    )
+    assert checkpoints.poll() == 20
