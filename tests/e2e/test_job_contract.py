@@ -142,7 +142,7 @@ def test_the_job_contract_end_to_end(tmp_path, capsys, monkeypatch):
         time.sleep(3)  # attempt 2's first upload (jobrun.FIRST_UPLOAD_S)
         monkeypatch.setattr(TpuProvider, "start_create", _raises_once(TpuProvider.start_create))
         pod.preempt(0, wait=False)
-        thread.join(timeout=60)  # the bug ends the watch as an exception ends the process (exit 1)
+        thread.join(timeout=180)  # the bug ends the watch as an exception ends the process (exit 1)
         assert [str(o) for o in outcome] == ["a bug in the watcher"], outcome
         outcome.clear()
         thread = watch()  # what systemd does after exit 1: the new watcher continues the incident
