@@ -40,6 +40,7 @@ POD_TESTS = (
 )
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown to pytest run with -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """`pytest -n 2`: the POD_TESTS are one unit of work (one xdist process runs them in order, one
     such pod at a time), every other test module a unit of its own (module fixtures kept). Not an
