@@ -16,9 +16,11 @@ import json
 import sys
 from dataclasses import dataclass, field
 
+from trainer.manifest import COMMIT_FILES
+
 LEAVES_SHOWN = 8
 # Orbax's bookkeeping of a save (when and where it committed), not what was saved.
-NOT_CONTENT = {"commit_success.txt", "_CHECKPOINT_METADATA"}
+NOT_CONTENT = COMMIT_FILES
 
 
 @dataclass

@@ -5,8 +5,10 @@ One checkpoint is a Composite: `state` (params, optimizer state, step, RNG; rest
 into the target shardings), `data` (one grain iterator state file per process) and `meta` (process
 count, the config fields that fix parameter shapes). Orbax writes each step into a temporary
 directory and renames it only once every process has finished, so a step cut off mid-write is
-never listed, never restored. Once a step has committed, process 0 writes its manifest of sizes
-and CRC32Cs (trainer/manifest.py), which a restore checks first.
+never listed, never restored. Process 0 writes the step's manifest of sizes and CRC32Cs
+(trainer/manifest.py), which a restore checks first, after every item has finished and before
+Orbax's commit (Orbax's post-finalization hook): a step Orbax lists always has its manifest, so
+a kill or a stop can no longer fall between the two and leave a committed step unverifiable.
 """
 
 from __future__ import annotations
@@ -14,21 +16,20 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections import deque
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as cm
 from orbax.checkpoint._src.handlers.pytree_checkpoint_handler import PyTreeCheckpointHandler
+from orbax.checkpoint._src.path import atomicity_defaults
 
 from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave
 from trainer.tokenizer import identity_of
-
-# How long wait() (a final or preemption save) lets a process other than 0 wait for process 0's
-# manifest, which it writes right after the commit (one listing of the step).
-MANIFEST_WAIT_S = 15.0
 
 
 def save_policy(cfg: Config):
@@ -70,10 +71,17 @@ class Checkpoints:
         # What the run trains on (trainer.data.checkpoint_meta: data URI, tokenizer, config):
         # `sample` decodes with it, and a resume refuses data of another tokenizer.
         self.meta.update(data or {})
+        self.asynchronous = cfg.checkpoint_async
+        # Steps whose save is in flight on process 0, oldest first: Orbax finishes them in order,
+        # and its hook (self._write_manifest) is told nothing of which step it finishes.
+        self._manifest_due: deque[int] = deque()
         options = ocp.CheckpointManagerOptions(
             save_decision_policy=save_policy(cfg),
             preservation_policy=preservation_policy(cfg),
-            enable_async_checkpointing=cfg.checkpoint_async,
+            # Orbax's hook between the finished items and the commit exists only for async
+            # saves: a synchronous one (checkpoint_async=false) is an async save waited for.
+            enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest),
             # Old steps are deleted on a thread of their own, after the new step has committed:
             # a save (a preemption save above all) never waits for hundreds of object deletes.
             enable_background_delete=True,
@@ -94,7 +102,6 @@ class Checkpoints:
         )
         self.committed: int | None = self.manager.latest_step()
         self._pending: int | None = None
-        self._unverified: int | None = None  # committed by Orbax, its manifest not seen yet
         self._said_behind = False
         self.behind: dict | None = None  # set once: the first save that found one in flight
         self.deferred = 0  # periodic saves that came due while the previous one still wrote
@@ -194,8 +201,11 @@ class Checkpoints:
             meta=ocp.args.JsonSave(self.meta),
         )
         behind = self._pending is not None and self.manager.is_saving_in_progress()
+        if jax.process_index() == 0:
+            self._manifest_due.append(step)
         t0 = time.perf_counter()
-        self.manager.save(step, args=args, force=True)
+        if not self.manager.save(step, args=args, force=True) and step in self._manifest_due:
+            self._manifest_due.remove(step)  # nothing written, so no hook for it either
         waited = time.perf_counter() - t0
         if behind and periodic:
             self.waited_behind_s = max(self.waited_behind_s, waited)
@@ -205,30 +215,24 @@ class Checkpoints:
         if self._pending is not None:
             self._commit(self._pending)
         self._pending = step
+        if not self.asynchronous:
+            self.wait()
+
+    def _write_manifest(self) -> None:
+        """Orbax's post-finalization hook, on process 0's save thread: every item of the oldest
+        step in flight is written and finalized, and Orbax commits it (renames its temporary
+        directory, or writes its commit file on GCS) only once this returns. If this raises,
+        the step never commits."""
+        step = self._manifest_due.popleft()
+        final = epath.Path(self.step_dir(step))
+        path_class = atomicity_defaults.get_default_temporary_path_class(final.parent)
+        writing = str(path_class.from_final(final).get())
+        manifest.write(writing, step)
 
     def _commit(self, step: int) -> None:
-        """A save has finished (Orbax commits once every process's files are in). Only a step with
-        its manifest is ever restored, so only such a step counts as committed, on every process:
-        process 0 writes the manifest, then counts the step; the others count it once they see
-        the manifest. (A worker that counted it at Orbax's commit once reported a step whose
-        manifest never came: process 0 was killed in between, and the restore refused it.)"""
-        if jax.process_index() == 0:
-            manifest.write(self.step_dir(step), step)
-            self.committed = step
-        else:
-            self._unverified = step
-            self._see_manifest()
-
-    def _see_manifest(self, wait_s: float = 0.0) -> None:
-        """Counts the step waiting for process 0's manifest once the manifest is there."""
-        deadline = time.monotonic() + wait_s
-        while self._unverified is not None:
-            if storage.exists(storage.join(self.step_dir(self._unverified), manifest.NAME)):
-                self.committed, self._unverified = self._unverified, None
-            elif time.monotonic() >= deadline:
-                return
-            else:
-                time.sleep(0.2)
+        """A save has finished: Orbax committed it, and so its manifest is there (written before
+        the commit), on every process alike."""
+        self.committed = step
 
     def behind_line(self, cfg: Config) -> str:
         """The one warning for saves that cannot keep up with the interval, with the fix."""
@@ -253,15 +257,11 @@ class Checkpoints:
         if self._pending is not None and not self.manager.is_saving_in_progress():
             step, self._pending = self._pending, None
             self._commit(step)
-        elif self._unverified is not None:
-            self._see_manifest()
         return self.committed
 
     def wait(self) -> int | None:
         self.manager.wait_until_finished()
-        self.poll()
-        self._see_manifest(MANIFEST_WAIT_S)
-        return self.committed
+        return self.poll()
 
     def close(self) -> None:
         """Joins the deleter of old steps. Call it after reporting the commit: if the deadline

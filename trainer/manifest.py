@@ -1,8 +1,10 @@
-"""Checksums of a committed checkpoint step, written once it commits and checked before it is
+"""Checksums of a checkpoint step, written as part of its save and checked before it is
 restored: a step whose files changed, shrank, vanished or multiplied since is never restored.
 
 `<step>/tpupod-manifest.json` lists every file of the step (its items state, data and meta, and
-Orbax's own files) with its size and CRC32C. On GCS the CRC32C is the one the store computed when
+Orbax's metadata files) with its size and CRC32C. It is written once every item has finished and
+before Orbax's commit (trainer/checkpoint.py), so it leaves out the two files Orbax writes at the
+commit itself, after it: `commit_success.txt` and `_CHECKPOINT_METADATA` (commit time stamped). On GCS the CRC32C is the one the store computed when
 the object was written, read from a listing (a manifest costs one listing, not a read of the
 checkpoint); on a local disk it is computed from the bytes. Verifying lists again and compares:
 bytes rewritten (another CRC32C), a file truncated, deleted or added, or a manifest unreadable
@@ -11,8 +13,8 @@ covers every item (the data iterator's files, the JSON metadata, Orbax's commit 
 the arrays, and on GCS it reads nothing the restore does not read anyway.
 
 A run from before manifests (none of its steps has one) is restored as before; once a run has
-manifests, a committed step without one (its writer died between the commit and the manifest)
-counts as unverified and is not restored.
+manifests, a committed step without one counts as unverified and is not restored (trainers
+before the pre-commit manifest wrote it after the commit, and a kill could fall in between).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def aside_name(step_dir: str) -> str:
 
 
 FORMAT = "tpupod-manifest-v1"
+# Orbax writes these at its commit, after the manifest (manifests from before listed them too).
+COMMIT_FILES = frozenset({"commit_success.txt", "_CHECKPOINT_METADATA"})
 
 
 def _crc32c(data: bytes) -> str:
@@ -46,7 +50,8 @@ def _crc32c(data: bytes) -> str:
 
 
 def listing(step_dir: str) -> dict[str, list]:
-    """Relative path -> [size, CRC32C] of every file of the step but the manifest."""
+    """Relative path -> [size, CRC32C] of every file of the step but the manifest and Orbax's
+    commit files."""
     fs = storage.fs(step_dir)
     if storage.is_remote(step_dir):
         fs.invalidate_cache(step_dir)  # written by tensorstore, not through this filesystem
@@ -55,7 +60,7 @@ def listing(step_dir: str) -> dict[str, list]:
     files = {}
     for path, info in found.items():
         rel = path.removeprefix(base)
-        if rel == NAME or info.get("type") == "directory":
+        if rel == NAME or rel in COMMIT_FILES or info.get("type") == "directory":
             continue
         crc = info.get("crc32c") if storage.is_remote(step_dir) else None
         if crc is None:
@@ -66,17 +71,18 @@ def listing(step_dir: str) -> dict[str, list]:
 
 
 def write(step_dir: str, step: int) -> None:
-    """The step's manifest, from what it holds now (call once it has committed)."""
+    """The step's manifest, from what it holds now (call once its items have finished)."""
     doc = {"format": FORMAT, "step": step, "files": listing(step_dir)}
     storage.write_bytes(storage.join(step_dir, NAME), json.dumps(doc, sort_keys=True).encode())
 
 
 def differences(manifest: dict, files: dict[str, list]) -> str | None:
-    """None when `files` (relative path -> [size, CRC32C]) are exactly the manifest's, else the
-    first difference, as `file: what`."""
+    """None when `files` (relative path -> [size, CRC32C]) are exactly the manifest's (Orbax's
+    commit files aside), else the first difference, as `file: what`."""
     if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
         return f"{NAME}: not a {FORMAT} manifest"
-    listed = manifest["files"]
+    listed = {rel: v for rel, v in manifest["files"].items() if rel not in COMMIT_FILES}
+    files = {rel: v for rel, v in files.items() if rel not in COMMIT_FILES}
     if not listed:
         return f"{NAME}: lists no files"
     for rel in sorted(set(listed) | set(files)):

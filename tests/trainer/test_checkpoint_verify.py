@@ -8,6 +8,7 @@ a word."""
 from __future__ import annotations
 
 import gcsfs
+import pytest
 from trainer_testlib import run_ok, summary
 
 from trainer.manifest import NAME
@@ -70,24 +71,52 @@ def test_damaged_steps_are_refused_one_line_each_and_the_run_ends_equal(
     assert aside == ["12", "16", "20", "8"]  # set aside, never deleted
 
 
-def test_another_process_counts_a_step_committed_only_once_its_manifest_is_there(
-    gcs_emulator, monkeypatch
+def _batches():
+    import grain
+
+    ds = grain.MapDataset.range(100).batch(4)
+    return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+
+
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_the_manifest_is_written_before_orbax_commits_the_step(
+    where, tmp_path, request, monkeypatch
 ):
-    """A worker must not report a step its restore would refuse. Orbax's commit is not enough:
-    process 0's manifest must be there (a campaign once saw worker 1 report step 512 committed,
-    and process 0 was killed before writing 512's manifest; the restore took 450)."""
-    from localpod import storage as bucket
-    from trainer import checkpoint
+    """A step Orbax lists always has its manifest: the manifest is written once every item has
+    finished and before Orbax's commit (its temporary directory renamed; on GCS its commit file
+    written), so no kill or stop falls between them. A campaign once saw steps committed without
+    a manifest, set aside at the next restore, when the manifest came after the commit."""
+    import jax.numpy as jnp
+
+    from trainer import checkpoint, manifest, storage
     from trainer.config import load_config
 
-    monkeypatch.setattr(checkpoint.jax, "process_index", lambda: 1)
-    checkpoints = checkpoint.Checkpoints(f"{WD}-unverified", load_config("tiny"), 1)
-    checkpoints._commit(20)  # Orbax committed step 20 here; process 0 has not verified it yet
-    assert checkpoints.poll() is None and checkpoints.poll() is None
-    # process 0 writes the manifest (another process: straight to the bucket, not through the
-    # gcsfs instance here, whose cached listing must not hide it)
-    name = "runs/verify-unverified/checkpoints/20/" + NAME
-    bucket.upload(
-        gcs_emulator["STORAGE_EMULATOR_HOST"], "tpupod-test", name, b"{}", "application/json"
-    )
-    assert checkpoints.poll() == 20
+    if where == "gs":
+        request.getfixturevalue("gcs_emulator")
+        workdir = f"{WD}-precommit"
+    else:
+        workdir = str(tmp_path / "run")
+
+    def orbax_committed(step: int) -> bool:
+        final = storage.join(workdir, "checkpoints", str(step))
+        if where == "gs":
+            return storage.exists(storage.join(final, "commit_success.txt"))
+        return (tmp_path / "run" / "checkpoints" / str(step)).is_dir()
+
+    seen, write = {}, manifest.write
+
+    def watched_write(step_dir: str, step: int) -> None:
+        seen[step] = orbax_committed(step)
+        write(step_dir, step)
+
+    monkeypatch.setattr(checkpoint.manifest, "write", watched_write)
+    checkpoints = checkpoint.Checkpoints(workdir, load_config("tiny"), 1)
+    state, data = {"w": jnp.arange(4096, dtype=jnp.float32)}, _batches()
+    checkpoints.save(10, state, data)  # async: Orbax finishes 10 while 20 is being started
+    checkpoints.save(20, state, data)
+    assert checkpoints.wait() == 20
+    assert seen == {10: False, 20: False}  # each manifest came before Orbax's commit
+    for step in (10, 20):
+        assert manifest.read(checkpoints.step_dir(step))["step"] == step
+        assert manifest.check(checkpoints.step_dir(step), run_has_manifests=True) is None
+    checkpoints.close()
