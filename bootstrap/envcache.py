@@ -4,8 +4,9 @@ A new TPU VM has an empty disk. Without this, every recreate downloads uv and ev
 the lock (about 1.2 GB with the `tpu` group) from the package index on every worker at once: an
 index outage, a rate limit or a VPC without NAT turns each recovery into a failure. The first
 worker 0 that builds an environment publishes the uv cache it built it from; every later boot
-downloads that archive through Private Google Access, checks its sha256, unpacks it as its cache
-and installs offline (`uv sync --offline`).
+downloads that archive through Private Google Access, unpacking it as it arrives into a scratch
+directory that becomes its cache only once the sha256 of every byte matches, and installs offline
+(`uv sync --offline`).
 
 Objects, per stack (workers may write only their own stack's envs/STACK/, an IAM condition) and
 environment key (a hash of everything the environment depends on):
@@ -24,6 +25,7 @@ GCE_METADATA_HOST and, on the local pod, STORAGE_EMULATOR_HOST.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -87,9 +89,13 @@ def restore(env_key: str, dest: str) -> int:
     parent = os.path.dirname(os.path.abspath(dest))
     os.makedirs(parent, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=parent, prefix=".envcache.") as tmp:
-        archive = os.path.join(tmp, "archive")
+        tree = os.path.join(tmp, "tree")
+        os.mkdir(tree)
+        if (fmt := manifest.get("format", "zstd")) not in _COMPRESSOR:
+            print(f"environment {env_key}: archive format {fmt!r} unknown: refused")
+            return REFUSED
         try:
-            got = _download(manifest["object"], archive)
+            got, unpack_error = _download_unpacking(manifest["object"], fmt, tree)
         except FileNotFoundError:
             print(f"environment {env_key}: its archive gs://{_bucket()}/{manifest['object']} "
                   "is missing: refused")  # fmt: skip
@@ -97,16 +103,13 @@ def restore(env_key: str, dest: str) -> int:
         except (OSError, KeyError) as err:
             print(f"environment {env_key}: download failed ({_why(err)})")
             return FAILED
-        if got != manifest.get("sha256"):
+        if got != manifest.get("sha256"):  # the tree unpacked so far is dropped with tmp
             print(f"environment {env_key}: refused gs://{_bucket()}/{manifest['object']}: its "
                   f"sha256 is {got[:16]}..., its manifest says {str(manifest.get('sha256'))[:16]}"
                   "... (damaged or replaced in the bucket)")  # fmt: skip
             return REFUSED
-        tree = os.path.join(tmp, "tree")
-        os.mkdir(tree)
-        unpack = _tar(manifest.get("format", "zstd"), "-xf", archive, "-C", tree)
-        if unpack.returncode != 0:
-            print(f"environment {env_key}: archive does not unpack: {unpack.stderr.strip()[:200]}")
+        if unpack_error is not None:
+            print(f"environment {env_key}: archive does not unpack: {unpack_error[:200]}")
             return REFUSED
         shutil.rmtree(dest, ignore_errors=True)
         os.rename(tree, dest)
@@ -202,13 +205,39 @@ def _get(name: str) -> bytes:
         return resp.read()
 
 
-def _download(name: str, path: str) -> str:
+def _download_unpacking(name: str, fmt: str, tree: str) -> tuple[str, str | None]:
+    """Streams the object into tar as it arrives, so unpacking overlaps the download instead of
+    following it (1.2 GB with the `tpu` group), and hashes every byte on the way. Returns the
+    sha256 and tar's error (None: it unpacked). Nothing in `tree` may be used before the caller
+    has compared the sha256: a damaged archive can unpack partly before tar notices."""
     digest = hashlib.sha256()
-    with _open(urllib.request.Request(_object_url(name))) as resp, open(path, "wb") as out:
-        while chunk := resp.read(CHUNK):
-            digest.update(chunk)
-            out.write(chunk)
-    return digest.hexdigest()
+    with tempfile.TemporaryFile() as errors:
+        tar = subprocess.Popen(
+            ["tar", f"--use-compress-program={_COMPRESSOR[fmt]}", "-xf", "-", "-C", tree],
+            stdin=subprocess.PIPE, stderr=errors,
+        )  # fmt: skip
+        try:
+            with _open(urllib.request.Request(_object_url(name))) as resp:
+                while chunk := resp.read(CHUNK):
+                    digest.update(chunk)
+                    if not tar.stdin.closed:
+                        try:
+                            tar.stdin.write(chunk)
+                        except BrokenPipeError:  # tar gave up: hash the rest, say why below
+                            tar.stdin.close()
+        except BaseException:
+            tar.kill()
+            raise
+        finally:
+            with contextlib.suppress(BrokenPipeError):
+                tar.stdin.close()
+            tar.wait()
+        errors.seek(0)
+        lines = errors.read().decode(errors="replace").splitlines()
+        said = "; ".join(line.strip() for line in lines if line.strip())  # one line
+    return digest.hexdigest(), None if tar.returncode == 0 else (
+        said or f"tar exit {tar.returncode}"
+    )
 
 
 def _put(name: str, data: str | bytes, content_type: str, *, create_only: bool = False) -> None:
@@ -235,9 +264,11 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+_COMPRESSOR = {"zstd": "zstd -T0 -3", "gzip": "gzip -1"}
+
+
 def _tar(fmt: str, *args: str) -> subprocess.CompletedProcess:
-    program = "zstd -T0 -3" if fmt == "zstd" else "gzip -1"
-    return subprocess.run(["tar", f"--use-compress-program={program}", *args],
+    return subprocess.run(["tar", f"--use-compress-program={_COMPRESSOR[fmt]}", *args],
                           capture_output=True, text=True)  # fmt: skip
 
 
