@@ -203,9 +203,12 @@ class Checkpoints:
         behind = self._pending is not None and self.manager.is_saving_in_progress()
         if jax.process_index() == 0:
             self._manifest_due.append(step)
-        t0 = time.perf_counter()
-        if not self.manager.save(step, args=args, force=True) and step in self._manifest_due:
-            self._manifest_due.remove(step)  # nothing written, so no hook for it either
+        t0, started = time.perf_counter(), False
+        try:
+            started = self.manager.save(step, args=args, force=True)
+        finally:
+            if not started and step in self._manifest_due:
+                self._manifest_due.remove(step)  # nothing written, so no hook for it either
         waited = time.perf_counter() - t0
         if behind and periodic:
             self.waited_behind_s = max(self.waited_behind_s, waited)
