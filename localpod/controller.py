@@ -54,13 +54,16 @@ def choose_subnet(pod_dir: Path) -> int:
 def choose_layout(paths: PodPaths, config: dict) -> dict:
     k = choose_subnet(paths.root)
     addresses = [f"127.0.{k}.{i + 1}" for i in range(config["workers"])]
-    emulator_port = procs.free_port("127.0.0.1")
+    # JAX's coordinator binds all addresses, so its port must be no other service's.
+    with procs.held_ports(["0.0.0.0", "127.0.0.1", *addresses]) as held:
+        metadata_port = procs.free_port_on_all(addresses)  # none of the held ones
+    coordinator_port, emulator_port, *ssh_ports = held
     return {
         "subnet": k,
         "addresses": addresses,
-        "ssh_ports": [procs.free_port(address) for address in addresses],
-        "metadata_port": procs.free_port_on_all(addresses),
-        "coordinator_port": procs.free_port("0.0.0.0"),  # JAX's coordinator binds all addresses
+        "ssh_ports": ssh_ports,
+        "metadata_port": metadata_port,
+        "coordinator_port": coordinator_port,
         "emulator_port": emulator_port,
         "emulator_url": f"http://127.0.0.1:{emulator_port}",
         "user": login_user(),

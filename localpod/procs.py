@@ -133,6 +133,23 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def held_ports(hosts: list[str]):
+    """Ports free on each host, all bound until the block ends: a port picked, released and then
+    picked again hands two of the pod's services one number (the storage emulator once got the
+    JAX coordinator's, and every trainer start failed on it). Choose every other port inside."""
+    socks = []
+    try:
+        for host in hosts:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((host, 0))
+        yield [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def free_port_on_all(hosts: list[str], attempts: int = 50) -> int:
     """One port number free on every address (the metadata server listens on each)."""
     for _ in range(attempts):
