@@ -235,9 +235,9 @@ def _download_unpacking(name: str, fmt: str, tree: str) -> tuple[str, str | None
         errors.seek(0)
         lines = errors.read().decode(errors="replace").splitlines()
         said = "; ".join(line.strip() for line in lines if line.strip())  # one line
-    return digest.hexdigest(), None if tar.returncode == 0 else (
-        said or f"tar exit {tar.returncode}"
-    )
+    if tar.returncode == 0:
+        return digest.hexdigest(), None
+    return digest.hexdigest(), said or f"tar exit {tar.returncode}"
 
 
 def _put(name: str, data: str | bytes, content_type: str, *, create_only: bool = False) -> None:

@@ -2,14 +2,15 @@
 restored: a step whose files changed, shrank, vanished or multiplied since is never restored.
 
 `<step>/tpupod-manifest.json` lists every file of the step (its items state, data and meta, and
-Orbax's metadata files) with its size and CRC32C. It is written once every item has finished and
+Orbax's item metadata) with its size and CRC32C. It is written once every item has finished and
 before Orbax's commit (trainer/checkpoint.py), so it leaves out the two files Orbax writes at the
-commit itself, after it: `commit_success.txt` and `_CHECKPOINT_METADATA` (commit time stamped). On GCS the CRC32C is the one the store computed when
-the object was written, read from a listing (a manifest costs one listing, not a read of the
-checkpoint); on a local disk it is computed from the bytes. Verifying lists again and compares:
-bytes rewritten (another CRC32C), a file truncated, deleted or added, or a manifest unreadable
-or empty, all fail the step. Why a manifest rather than a checksum codec in the array store: it
-covers every item (the data iterator's files, the JSON metadata, Orbax's commit files), not only
+commit itself: `commit_success.txt` and `_CHECKPOINT_METADATA` (commit time stamped); a damaged
+one of those is caught only by Orbax failing to read it. On GCS the CRC32C is the one the store
+computed when the object was written, read from a listing (a manifest costs one listing, not a
+read of the checkpoint); on a local disk it is computed from the bytes. Verifying lists again
+and compares: bytes rewritten (another CRC32C), a file truncated, deleted or added, or a
+manifest unreadable or empty, all fail the step. Why a manifest rather than a checksum codec in
+the array store: it covers every item (the data iterator's files, the JSON metadata), not only
 the arrays, and on GCS it reads nothing the restore does not read anyway.
 
 A run from before manifests (none of its steps has one) is restored as before; once a run has
