@@ -3,6 +3,8 @@
 
 Every row is tagged with the benchmark that produced it: a run of one benchmark replaces ALL of that
 benchmark's rows (none of an older run or an older name survives) and keeps the other benchmarks'.
+A replaced row is not dropped: it is appended to BENCHMARKS.history.jsonl beside the JSON (when,
+by which commit's run), so an earlier measurement stays on record after a re-run.
 The JSON keeps each record as its benchmark wrote it (`met`: the benchmark's own comparison); the
 verdicts in the markdown are the rules', computed when it is rendered.
 """
@@ -124,15 +126,32 @@ def write(
     the benchmark whose earlier rows all go first (a complete run); `drop`: rows named here go
     too (e.g. an earlier "not run" row); `extra`: markdown appended at the end."""
     store = markdown.with_suffix(".json")
+    before = _load(store)
     rows = {
         k: v
-        for k, v in _load(store).items()
+        for k, v in before.items()
         if k not in drop and (replace is None or v.get("bench") != replace)
     }
     rows.update({fig.name: asdict(fig) for fig in figures})
+    _keep_history(history_path(markdown), [r for k, r in before.items() if rows.get(k) != r])
     ordered = sorted(rows.values(), key=lambda r: _rank(r.get("bench", "")))
     write_atomic(store, ordered, indent=1)
     render(markdown, extra)
+
+
+def history_path(markdown: Path) -> Path:
+    """Where the rows a run replaced go: BENCHMARKS.history.jsonl beside BENCHMARKS.md."""
+    return markdown.with_name(f"{markdown.stem}.history.jsonl")
+
+
+def _keep_history(path: Path, replaced: list[dict]) -> None:
+    """Append each replaced row, as it was, with when and by which commit's run it was replaced."""
+    if not replaced:
+        return
+    stamp_ = {"replaced_on": dt.date.today().isoformat(), "replaced_by_commit": git_commit()}
+    with path.open("a") as f:
+        for row in replaced:
+            f.write(json.dumps({**stamp_, "row": row}) + "\n")
 
 
 def render(markdown: Path, extra: str = "") -> str:

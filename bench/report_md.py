@@ -40,7 +40,8 @@ INTRO = (
     "stays missed. "
     "Then one section per benchmark: its method (from the benchmark's code), command, commit, "
     "machine and every row it recorded, with n (how many measurements the value summarises) and "
-    "spread (their range, or each value when few)."
+    "spread (their range, or each value when few). A re-run replaces a benchmark's rows here; "
+    "the rows it replaced stay on record, as they were, in BENCHMARKS.history.jsonl."
 )
 
 

@@ -136,3 +136,23 @@ def test_rules_are_data_with_unique_keys_and_the_report_subcommand_renders(tmp_p
     assert main(["report", "--out", str(md)]) == 0
     assert json.loads(md.with_suffix(".json").read_text()) == [_row(KILL, 9.0)]
     assert "## Judging rules" in md.read_text()
+
+
+def test_a_rerun_keeps_the_rows_it_replaces_in_the_history(tmp_path: Path):
+    """A re-run of a benchmark replaces its rows in the JSON; each replaced row goes, unchanged, to
+    BENCHMARKS.history.jsonl. Rows left as they were and other benchmarks' rows are not copied."""
+    md = tmp_path / "BENCHMARKS.md"
+    old = [_row(KILL, 38.7), _row(NOTICE, 38.4), _row("other", 1.0, bench="coldboot")]
+    md.with_suffix(".json").write_text(json.dumps(old))
+    history = report.history_path(md)
+    report.write([report.Figure(KILL, 20.1, "s", n=3, bench="recovery")], md, replace="recovery")
+    kept = json.loads(md.with_suffix(".json").read_text())
+    assert {r["name"]: r["value"] for r in kept} == {KILL: 20.1, "other": 1.0}
+    lines = [json.loads(ln) for ln in history.read_text().splitlines()]
+    assert [(h["row"]["name"], h["row"]["value"]) for h in lines] == [(KILL, 38.7), (NOTICE, 38.4)]
+    assert all(h["replaced_on"] and "replaced_by_commit" in h for h in lines)
+    # A write that changes nothing adds nothing; a changed row without `replace` is kept too.
+    report.write([report.Figure(KILL, 20.1, "s", n=3, bench="recovery")], md)
+    assert len(history.read_text().splitlines()) == 2
+    report.write([report.Figure(KILL, 19.0, "s", n=3, bench="recovery")], md)
+    assert json.loads(history.read_text().splitlines()[-1])["row"]["value"] == 20.1
