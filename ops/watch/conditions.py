@@ -133,6 +133,12 @@ def judge_worker(
             return Verdict(WorkerCondition.FAILED, f"{w} job process gone")
         return Verdict(WorkerCondition.STARTING, f"{w} job starting")
     cond = STATUS_CONDITIONS.get(status.state, WorkerCondition.RUNNING)
+    # A job that wrote `failed` with a fatal exit code is fatal already: its process may take
+    # seconds to exit (JAX's shutdown), and judged a crash meanwhile it was restarted in a loop.
+    if cond is WorkerCondition.FAILED and not noticed and status.exit_code in rules.fatal:
+        return Verdict(WorkerCondition.FATAL, f"{w} job failed at step {status.step}, exit code "
+                       f"{status.exit_code} {status.message or ''}".rstrip()
+                       + " (exit_codes.fatal: not restarted)")  # fmt: skip
     if noticed and cond is WorkerCondition.RUNNING:
         return Verdict(WorkerCondition.PREEMPTED, f"{w} preemption notice at step {status.step}")
     if cond is not WorkerCondition.RUNNING:
