@@ -257,7 +257,10 @@ class _ApiHandler(BaseHTTPRequestHandler):
             "/hang": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGSTOP)},
             "/kill-when": lambda: {
                 "armed": ctl.kills.arm(
-                    int(query["worker"]), query["state"], float(query.get("delay", "0.3"))
+                    int(query["worker"]),
+                    query["state"],
+                    float(query.get("delay", "0.3")),
+                    same_process=query.get("same_process") == "1",
                 )
             },
             "/shutdown": ctl.stop.set,

@@ -79,6 +79,14 @@ def _kill_during_restore(pod, notice: float, worker: int) -> dict:
     return {"kill_armed": armed["armed"]}
 
 
+def _crash_while_saving(pod, notice: float, worker: int) -> dict:
+    """SIGKILL of `worker`'s job SAVE_KILL_DELAY s after its status next says `saving`: the
+    controller reads the status file every 10 ms, where a watcher's poll (0.5 s) misses most
+    saves of a fast machine (the save's blocking part is tens of ms; its writes go on after)."""
+    armed = pod.kill_when(worker, "saving", delay=SAVE_KILL_DELAY, same_process=True)
+    return {"kill_armed": armed["armed"]}
+
+
 KINDS: dict[str, FaultKind] = {
     "notice": FaultKind("preemption with {notice:g} s notice (SIGTERM, the job saves, then the "
                         "slice goes)", "preemption", _preempt),
@@ -106,7 +114,7 @@ KINDS: dict[str, FaultKind] = {
     # The same hard faults with the slice staying: a restart, not a cold recreate (seconds
     # instead of half a minute on the local pod), so one run of each fits the CI test run.
     "save-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job while it is saving (the "
-                            "slice stays)", "crash", _crash),
+                            "slice stays)", "crash", _crash_while_saving),
     "watch-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, and the watch dies "
                              "mid-restart (a new one goes on from incident.json)", "crash",
                              _crash),
@@ -117,9 +125,10 @@ KINDS: dict[str, FaultKind] = {
 # Creates the slice's zone refuses: a queued resource takes one a second while it waits, so this
 # outlasts the local watcher's zone patience (ops.watch.deadlines, 3 s) and the slice moves on.
 STOCKOUT_CREATES = 6
-# Injected only while some worker's job is saving; the watch dies mid-recovery
-# (bench.faults.WatchKilled).
-ONLY_WHILE_SAVING = {"save-kill", "save-crash"}
+# Injected only while a poll saw some worker's job saving (save-crash arms a timed kill instead);
+# the watch dies mid-recovery (bench.faults.WatchKilled).
+ONLY_WHILE_SAVING = {"save-kill"}
+SAVE_KILL_DELAY = 0.05  # s after `saving`: inside the save's blocking part or its writes
 KILLS_WATCH = {"watch-kill", "watch-crash"}
 
 

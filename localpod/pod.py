@@ -405,10 +405,13 @@ class LocalPod:
         """SIGSTOP the job's process group on `worker`; returns its leader's pid."""
         return self._request("POST", f"/hang?worker={worker}")["pid"]
 
-    def kill_when(self, worker: int, state: str, delay: float = 0.3) -> dict:
-        """Arm a SIGKILL of `worker`'s job for when a new job process's status first says
-        `state` (plus `delay` s): localpod.timed_kills. Returns the armed record."""
-        query = f"worker={worker}&state={state}&delay={delay}"
+    def kill_when(
+        self, worker: int, state: str, delay: float = 0.3, same_process: bool = False
+    ) -> dict:
+        """Arm a SIGKILL of `worker`'s job for when a new job process's status (or, with
+        `same_process`, the running one's) first says `state` (plus `delay` s):
+        localpod.timed_kills. Returns the armed record."""
+        query = f"worker={worker}&state={state}&delay={delay}&same_process={int(same_process)}"
         return self._request("POST", f"/kill-when?{query}")["armed"]
 
     def timed_kills(self) -> list[dict]:

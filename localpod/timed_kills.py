@@ -37,11 +37,20 @@ class TimedKills:
         self._lock = threading.Lock()
         self.records: list[dict] = []
 
-    def arm(self, worker: int, state: str, delay: float = 0.3, timeout: float = 600.0) -> dict:
+    def arm(
+        self,
+        worker: int,
+        state: str,
+        delay: float = 0.3,
+        timeout: float = 600.0,
+        same_process: bool = False,
+    ) -> dict:
+        """`same_process`: the job running now may be the one killed (a kill during its next
+        save), not only a process started after the arming (a kill during a restart's restore)."""
         before = _status(self._status_file(worker)) or {}
         record = {"worker": worker, "state": state, "delay": delay, "armed": time.time(),
-                  "pid_before": before.get("pid"), "fired": None, "state_at_kill": None,
-                  "pid": None, "error": None}  # fmt: skip
+                  "pid_before": None if same_process else before.get("pid"), "fired": None,
+                  "state_at_kill": None, "pid": None, "error": None}  # fmt: skip
         with self._lock:
             self.records.append(record)
         threading.Thread(target=self._watch, args=(record, timeout), daemon=True).start()
