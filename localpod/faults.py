@@ -81,8 +81,9 @@ def _kill_during_restore(pod, notice: float, worker: int) -> dict:
 
 def _crash_while_saving(pod, notice: float, worker: int) -> dict:
     """SIGKILL of `worker`'s job SAVE_KILL_DELAY s after its status next says `saving`: the
-    controller reads the status file every 10 ms, where a watcher's poll (0.5 s) misses most
-    saves of a fast machine (the save's blocking part is tens of ms; its writes go on after)."""
+    controller reads the status file every 10 ms, where a watcher's poll (0.5 s) saw none of a
+    fast machine's saves of `tiny` but the last. Its fault time is the arming; the kill comes at
+    the job's next save, within one checkpoint interval."""
     armed = pod.kill_when(worker, "saving", delay=SAVE_KILL_DELAY, same_process=True)
     return {"kill_armed": armed["armed"]}
 
@@ -128,7 +129,7 @@ STOCKOUT_CREATES = 6
 # Injected only while a poll saw some worker's job saving (save-crash arms a timed kill instead);
 # the watch dies mid-recovery (bench.faults.WatchKilled).
 ONLY_WHILE_SAVING = {"save-kill"}
-SAVE_KILL_DELAY = 0.05  # s after `saving`: inside the save's blocking part or its writes
+SAVE_KILL_DELAY = 0.05  # s after `saving`: in the save's blocking part or its async writes
 KILLS_WATCH = {"watch-kill", "watch-crash"}
 
 

@@ -117,12 +117,16 @@ def judge_worker(
         cond = BOOTSTRAP_CONDITIONS.get(probe.bootstrap_state, WorkerCondition.BOOTSTRAPPING)
         phase = (probe.bootstrap or {}).get("phase")
         return Verdict(cond, f"{w} bootstrap {probe.bootstrap_state or 'pending'} ({phase})")
-    # 2. An exit code written after the last start is the final word on that job.
+    # 2. An exit code written after the last start is the final word on that job; so is the
+    # code a job wrote with `failed` to its status, while its process is still exiting (judged
+    # a crash in that window, a fatal refusal was restarted in a loop).
     noticed = probe.noticed(since)
     fresh_exit = probe.exit_code is not None and (probe.exit_mtime or 0) >= since
     if fresh_exit and not probe.alive:
         return judge_exit(probe, noticed, rules)
     status = probe.current(since)
+    if status is not None and status.state == "failed" and status.exit_code is not None:
+        return judge_exit(probe, noticed, rules, code=status.exit_code)
     # 3. No progress from the current job yet: starting, or watched by liveness alone.
     if status is None:
         if noticed and probe.alive:
@@ -133,12 +137,6 @@ def judge_worker(
             return Verdict(WorkerCondition.FAILED, f"{w} job process gone")
         return Verdict(WorkerCondition.STARTING, f"{w} job starting")
     cond = STATUS_CONDITIONS.get(status.state, WorkerCondition.RUNNING)
-    # A job that wrote `failed` with a fatal exit code is fatal already: its process may take
-    # seconds to exit (JAX's shutdown), and judged a crash meanwhile it was restarted in a loop.
-    if cond is WorkerCondition.FAILED and not noticed and status.exit_code in rules.fatal:
-        return Verdict(WorkerCondition.FATAL, f"{w} job failed at step {status.step}, exit code "
-                       f"{status.exit_code} {status.message or ''}".rstrip()
-                       + " (exit_codes.fatal: not restarted)")  # fmt: skip
     if noticed and cond is WorkerCondition.RUNNING:
         return Verdict(WorkerCondition.PREEMPTED, f"{w} preemption notice at step {status.step}")
     if cond is not WorkerCondition.RUNNING:
@@ -159,11 +157,12 @@ def judge_worker(
     return Verdict(WorkerCondition.RUNNING, f"{w} {status.state} step {status.step}")
 
 
-def judge_exit(probe: Probe, noticed: bool, rules: JobRules) -> Verdict:
+def judge_exit(probe: Probe, noticed: bool, rules: JobRules, code: int | None = None) -> Verdict:
     """The exit-code rules (README, "Exit codes"): after a notice or SIGTERM every exit is a
     preemption, 0 included; `preempted` codes restart free; `fatal` codes stop recovery; 0 is
-    done (the slice-wide steps rule follows in decide_workers); anything else is a crash."""
-    code, w = probe.exit_code, f"worker {probe.index}"
+    done (the slice-wide steps rule follows in decide_workers); anything else is a crash.
+    `code`: the one the job's status said, where its exit file has none yet."""
+    code, w = probe.exit_code if code is None else code, f"worker {probe.index}"
     message = probe.status.message if probe.status and probe.status.message else ""
     said = f"{w} job exited {code} {message}".rstrip()
     if noticed:

@@ -103,7 +103,7 @@ def assert_hardest_faults_survived(tmp_path: Path, kinds: list[str]) -> None:
     assert r["fingerprints_equal"], r
     leg = json.loads((tmp_path / "faults" / "leg-1.json").read_text())
     events = leg["events"]
-    # the kill during a save: injected while a worker's job said `saving`
+    # the kill during a save: save-kill injected while a poll saw `saving`; save-crash armed
     saving = [e for e in events if e["event"] == "injected" and e["fault"] == save]
     assert len(saving) == 1, events
     kills = leg["checks"]["timed_kills"]

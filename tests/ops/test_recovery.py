@@ -357,8 +357,8 @@ def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
 
 
 def test_a_status_that_says_failed_with_a_fatal_code_is_fatal_before_the_process_exits():
-    """The trainer writes `failed` with its exit code, then exits (JAX's shutdown can take
-    seconds). Seen in that window the worker was judged a crash and restarted 16 times (the
+    """The trainer writes `failed` with its exit code, then exits, which is not instant.
+    Seen in that window the worker was judged a crash and restarted 16 times (the
     100-fault campaign's leg 4); the status's own code decides now. A code the job does not call
     fatal, or a `failed` under a preemption notice, stays what it was (negative controls)."""
     exiting = probe(state="failed", alive=True)
