@@ -96,13 +96,14 @@ def survey_checkpoints(pod) -> dict:
 
 def leg_result(record: RunRecord, reference: dict | None, interval: int = 0) -> dict:
     """One leg's faults, each judged, and the leg's end state (fingerprint, checkpoints). A step
-    the fault itself damaged (damaged-newest) is not the trainers' to keep: the one before it
-    (`interval` steps earlier) is the newest committed step that must be restored."""
+    the fault itself damaged (damaged-newest) is not the trainers' to keep: the committed step
+    behind it (as the fault listed it; legs from before that record: `interval` steps earlier)
+    is the newest committed step that must be restored."""
     faults = []
     for fault, inc in zip(record.injected, incidents(record), strict=True):
         before = inc["committed_before"]
         if fault.get("damaged") is not None and before == fault["damaged"]:
-            before -= interval
+            before = fault["behind"] if "behind" in fault else before - interval
         restored = inc["restored_from"]
         m = inc["milestones"]
         start = m.get("detected") if fault["kind"] == "hang" else m["injected"]

@@ -64,6 +64,7 @@ class Schedule:
     _healthy_step: int = 0  # the step at the first healthy poll after the last fault
     _armed: int = -1  # len(injected) when _healthy_step was taken
     _kill_watch_in: int | None = None  # mid-recovery polls left before the watch dies
+    _waited: int = -1  # len(injected) when the next fault was last journaled as waiting
 
     def next_kind(self) -> str | None:
         n = len(self.injected)
@@ -91,7 +92,19 @@ class Schedule:
             return
         if kind in ONLY_WHILE_SAVING and not saving(probes):
             return
+        if (missing := faults.lacks(self.pod, kind)) is not None:
+            self._waiting(watcher, kind, step, missing)
+            return
         self.inject(watcher, kind, step)
+
+    def _waiting(self, watcher, kind: str, step: int, missing: str) -> None:
+        """Journals once per fault that it waits for the pod (FaultKind.lacks)."""
+        if self._waited != len(self.injected):
+            self._waited = len(self.injected)
+            watcher.journal.event(
+                "fault_waiting", f"{kind} waits at step ~{step} for {missing}",
+                fault=kind, step=step,
+            )  # fmt: skip
 
     def _maybe_kill_watch(self, watcher) -> None:
         """Kills the watch on the n-th poll of a recovery under way (n cycles 1..3 over the

@@ -14,6 +14,9 @@ class FaultKind:
     what: str  # formatted with notice= and worker=
     incident: str  # ops.watch.conditions.INCIDENT_KINDS for it
     act: Callable[[Any, float, int], object]  # (LocalPod, notice seconds, worker index)
+    # What the pod still lacks for the fault to test what it says, or None (a schedule waits):
+    # a damaged newest step with no older one behind it tests a refusal, not the fallback.
+    lacks: Callable[[Any], str | None] | None = None
 
 
 def _preempt(pod, notice: float, worker: int) -> object:
@@ -40,29 +43,58 @@ def _crash_and_damage(pod, notice: float, worker: int) -> dict:
 
 
 def _damaged(pod) -> dict:
+    """Damages the newest committed step; records it and the committed step behind it (the one
+    a restore must fall back to)."""
     try:  # the kill happened: whatever the damage does, the fault is recorded
-        return {"damaged": damage_newest(pod)}
+        steps = committed_steps(pod)
+        damaged = damage_step(pod, steps[-1]) if steps else None
+        return {"damaged": damaged, "behind": steps[-2] if len(steps) > 1 else None}
     except (OSError, ValueError) as err:  # urllib's errors are OSErrors
         return {"damaged": None, "damage_error": str(err)}
 
 
-def damage_newest(pod) -> int | None:
-    """Cut the largest state file of the run's newest verified step (it has its manifest) to
-    half its size, through the pod's GCS emulator; returns that step (None: no such step)."""
+def committed_steps(pod) -> list[int]:
+    """The run's committed, verified steps in the pod's bucket, oldest first: those with Orbax's
+    commit file and the trainer's manifest (the steps a restore may read)."""
     from localpod import storage
-    from trainer.manifest import NAME as MANIFEST  # a verified step has one
+    from trainer.manifest import COMMIT_SUCCESS
+    from trainer.manifest import NAME as MANIFEST
 
     endpoints = pod.endpoints()
     url, bucket = endpoints["storage"].rstrip("/"), endpoints["bucket"]
     prefix = f"{pod.run_prefix}/checkpoints/"
-    objects = storage.list_objects(url, bucket, prefix)
-    verified = sorted({int(o["name"][len(prefix):].split("/")[0]) for o in objects
-                       if o["name"].endswith(f"/{MANIFEST}")
-                       and o["name"][len(prefix):].split("/")[0].isdigit()})  # fmt: skip
-    if not verified:
-        return None
-    step = verified[-1]
-    state = [o for o in objects if o["name"].startswith(f"{prefix}{step}/state/")]
+    files: dict[str, set[str]] = {}
+    for o in storage.list_objects(url, bucket, prefix):
+        step, _, rest = o["name"][len(prefix) :].partition("/")
+        if step.isdigit():
+            files.setdefault(step, set()).add(rest)
+    return sorted(int(step) for step, names in files.items() if {MANIFEST, COMMIT_SUCCESS} <= names)
+
+
+def lacks_fallback(pod) -> str | None:
+    """None when an older committed step stands behind the newest, else what is missing."""
+    try:
+        steps = committed_steps(pod)
+    except (OSError, ValueError) as err:  # urllib's errors are OSErrors; the bucket may 503
+        return f"a listing of the checkpoints ({err})"
+    return None if len(steps) >= 2 else f"a committed step behind the newest (committed: {steps})"
+
+
+def damage_newest(pod) -> int | None:
+    """Cut the largest state file of the run's newest committed step to half its size, through
+    the pod's GCS emulator; returns that step (None: no such step)."""
+    steps = committed_steps(pod)
+    return damage_step(pod, steps[-1]) if steps else None
+
+
+def damage_step(pod, step: int) -> int | None:
+    """Cut the largest file under `step`'s state/ to half its size; returns `step` (None: the
+    step has no state files)."""
+    from localpod import storage
+
+    endpoints = pod.endpoints()
+    url, bucket = endpoints["storage"].rstrip("/"), endpoints["bucket"]
+    state = storage.list_objects(url, bucket, f"{pod.run_prefix}/checkpoints/{step}/state/")
     if not state:
         return None
     largest = max(state, key=lambda o: o["size"])
@@ -106,7 +138,7 @@ KINDS: dict[str, FaultKind] = {
                               _preempt(pod, notice, worker))),
     "damaged-newest": FaultKind("preemption without notice, then the newest checkpoint damaged "
                                 "(its largest state file cut to half)", "preemption",
-                                _kill_and_damage),
+                                _kill_and_damage, lacks_fallback),
     "restore-kill": FaultKind("crash (SIGKILL) of worker {worker}'s job, and SIGKILL again while "
                               "its restart restores the newest checkpoint", "crash",
                               _kill_during_restore),
@@ -121,7 +153,7 @@ KINDS: dict[str, FaultKind] = {
                              _crash),
     "damaged-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, then the newest "
                                "checkpoint damaged (its largest state file cut to half)", "crash",
-                               _crash_and_damage),
+                               _crash_and_damage, lacks_fallback),
 }  # fmt: skip
 # Creates the slice's zone refuses: a queued resource takes one a second while it waits, so this
 # outlasts the local watcher's zone patience (ops.watch.deadlines, 3 s) and the slice moves on.
@@ -137,6 +169,12 @@ def kind_of(name: str) -> FaultKind:
     if name not in KINDS:
         raise ValueError(f"unknown fault {name!r}; known: {', '.join(KINDS)}")
     return KINDS[name]
+
+
+def lacks(pod, name: str) -> str | None:
+    """What the pod still lacks for fault `name` (FaultKind.lacks), or None: it can be injected."""
+    check = kind_of(name).lacks
+    return None if check is None else check(pod)
 
 
 def describe(name: str, notice: float = 0.0, worker: int = 0) -> str:

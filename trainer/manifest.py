@@ -42,7 +42,8 @@ def aside_name(step_dir: str) -> str:
 
 FORMAT = "tpupod-manifest-v1"
 # Orbax writes these at its commit, after the manifest (manifests from before listed them too).
-COMMIT_FILES = frozenset({"commit_success.txt", "_CHECKPOINT_METADATA"})
+COMMIT_SUCCESS = "commit_success.txt"  # on GCS, a step without it is not committed
+COMMIT_FILES = frozenset({COMMIT_SUCCESS, "_CHECKPOINT_METADATA"})
 
 
 def _crc32c(data: bytes) -> str:

@@ -1,10 +1,17 @@
-"""The campaign's damaged-newest fault cuts the newest *verified* step's largest state file to
-half, through the GCS emulator, and leaves every other object as it was."""
+"""The campaign's damaged-newest faults cut the newest committed, verified step's largest state
+file to half, through the GCS emulator, leave every other object as it was, and wait until an
+older committed step stands behind it (with none, a restore has nothing to fall back to)."""
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
+from bench import faults as schedules
 from localpod import storage
-from localpod.faults import damage_newest
+from localpod.faults import committed_steps, damage_newest, lacks_fallback
+from ops.job_status import JobStatus
+from ops.probe import Probe
 
 BUCKET = "damage-test"
 PREFIX = "runs/local/r1/checkpoints"
@@ -15,25 +22,70 @@ class FakePod:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.crashed: list[int] = []
 
     def endpoints(self) -> dict:
         return {"storage": self.url, "bucket": BUCKET}
 
+    def crash(self, worker: int) -> None:
+        self.crashed.append(worker)
 
-def test_the_newest_verified_step_loses_half_its_largest_state_file():
+
+def _put(url: str, objects: dict[str, bytes]) -> None:
+    for name, data in objects.items():
+        storage.upload(url, BUCKET, name, data, "application/octet-stream")
+
+
+def _step(step: int, committed: bool = True, manifest: bool = True, size: int = 10) -> dict:
+    files = {f"{PREFIX}/{step}/state/small": b"s" * 10, f"{PREFIX}/{step}/state/large": b"L" * size}
+    if manifest:
+        files[f"{PREFIX}/{step}/tpupod-manifest.json"] = b"{}"
+    if committed:
+        files[f"{PREFIX}/{step}/commit_success.txt"] = b"ok"
+    return files
+
+
+def test_the_newest_committed_verified_step_loses_half_its_largest_state_file():
     with storage.running_emulator(BUCKET) as url:
-        objects = {
-            f"{PREFIX}/10/tpupod-manifest.json": b"{}",
-            f"{PREFIX}/10/state/small": b"s" * 10,
-            f"{PREFIX}/20/tpupod-manifest.json": b"{}",
-            f"{PREFIX}/20/state/small": b"s" * 10,
-            f"{PREFIX}/20/state/large": b"L" * 1000,
-            f"{PREFIX}/30/state/large": b"U" * 1000,  # committed, never verified: not newest
-        }
-        for name, data in objects.items():
-            storage.upload(url, BUCKET, name, data, "application/octet-stream")
+        objects = {**_step(10), **_step(20, size=1000),
+                   **_step(30, committed=False, size=1000),  # manifest, no commit: not newest
+                   **_step(40, manifest=False, size=1000)}  # committed, never verified  # fmt: skip
+        _put(url, objects)
+        assert committed_steps(FakePod(url)) == [10, 20]
         assert damage_newest(FakePod(url)) == 20
         after = {o["name"]: o["size"] for o in storage.list_objects(url, BUCKET, PREFIX)}
         assert after.pop(f"{PREFIX}/20/state/large") == 500
         assert after == {name: len(data) for name, data in objects.items()
                          if name != f"{PREFIX}/20/state/large"}  # fmt: skip
+
+
+def _watcher(step: int):
+    journal = SimpleNamespace(events=[], event=lambda *a, **k: journal.events.append((a, k)))
+    probes = [Probe(0, bootstrap={"state": "ok"}, alive=True,
+                    status=JobStatus(step=step, updated=time.time()))]  # fmt: skip
+    return SimpleNamespace(incident=None, since=0.0, journal=journal), probes
+
+
+def test_a_damage_fault_waits_until_an_older_committed_step_stands_behind_the_newest():
+    with storage.running_emulator(BUCKET) as url:
+        pod = FakePod(url)
+        _put(url, {**_step(10), **_step(20, committed=False)})  # 20: a save still in flight
+        assert lacks_fallback(pod) == "a committed step behind the newest (committed: [10])"
+        sched = schedules.Schedule(pod, ["damaged-crash"])
+        watcher, probes = _watcher(25)
+        sched(watcher, probes)
+        sched(watcher, probes)
+        assert pod.crashed == [] and sched.injected == []
+        names = [a[0] for a, _ in watcher.journal.events]
+        assert names == ["fault_waiting"]  # journaled once, not at every poll
+        assert (
+            "waits at step ~25 for a committed step behind the newest"
+            in (watcher.journal.events[0][0][1])
+        )
+        _put(url, {f"{PREFIX}/20/commit_success.txt": b"ok"})  # 20 commits: 10 stands behind it
+        assert lacks_fallback(pod) is None
+        sched(*_watcher(30))
+        assert pod.crashed == [0]
+        assert [(f["damaged"], f["behind"]) for f in sched.injected] == [(20, 10)]
+        # negative control: an unreachable bucket is a reason to wait, not a fault to inject
+        assert lacks_fallback(FakePod("http://127.0.0.1:9")).startswith("a listing of the")
