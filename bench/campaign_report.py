@@ -29,6 +29,8 @@ def summarise(state: dict) -> dict:
                 if f["steps_lost"] is not None and f["restored_from"] is not None
             ],
             "recovery_s": [f["recovery_s"] for f in mine if f["recovery_s"] is not None],
+            # damage faults: how many damaged a step (one whose requests all failed was a kill)
+            "damaged": sum(f.get("damaged") is not None for f in mine),
         }
     checks = [leg["checkpoints"] for leg in state["legs"]]
     # A step a fault of the same leg damaged on purpose is set aside by design; any other is a
@@ -113,6 +115,8 @@ def figures(r: dict) -> list[Figure]:
         if kind == "restore-kill":  # it counts only where the second SIGKILL hit the restore
             landed = r.get("killed_restoring", 0)
             also = f"; second kills that landed while the job said `restoring`: {landed}"
+        if kind.startswith("damaged"):  # shown, not judged: the rule was written without it
+            also = f"; faults that damaged a committed step: {k.get('damaged', 0)} of {landed}"
         figs.append(
             Figure(
                 f"fault campaign, {label}: recovered / injected",

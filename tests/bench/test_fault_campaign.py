@@ -67,6 +67,19 @@ def test_a_restore_kill_counts_only_where_its_second_kill_hit_the_restore():
     assert missed.met is False and "while the job said `restoring`: 0" in missed.note
 
 
+def test_a_damage_fault_whose_damage_failed_is_shown_as_a_kill():
+    applied = {**_fault("damaged-newest", 50, 20.0), "damaged": 150}
+    failed = {**_fault("damaged-newest", 50, 20.0), "damaged": None}  # its requests all failed
+    leg = {"outcome": "done", "fingerprint_equal": True, "faults": [applied, failed],
+           "checkpoints": {"steps": [300], "set_aside": ["150.unreadable-x"]}}  # fmt: skip
+    state = {"count": 2, "seed": 0, "trainer_args": "--config tiny --set checkpoint_every=50",
+             "kinds": ["damaged-newest"] * 2, "legs": [leg]}  # fmt: skip
+    r = campaign_report.summarise(state)
+    assert r["kinds"]["damaged-newest"]["damaged"] == 1 and r["damaged_set_aside"] == 1
+    row = next(f for f in campaign_report.figures(r) if f.name.endswith("recovered / injected"))
+    assert "faults that damaged a committed step: 1 of 2" in row.note and row.met is True
+
+
 # The hardest faults, each once in one 2-worker run: a SIGKILL during an async save, a SIGKILL
 # during the restore, the watch SIGKILLed mid-recovery, and a damaged newest checkpoint. In CI
 # with the slice staying (each a crash of worker 0's job: a restart); the same faults with the
@@ -122,7 +135,7 @@ def assert_hardest_faults_survived(tmp_path: Path, kinds: list[str]) -> None:
     assert damaged["damaged"] is not None, damaged
     fallbacks = [e for e in events if e["event"] == "checkpoint_fallback"]
     assert any(f"step {damaged['damaged']} is unreadable" in e["message"] for e in fallbacks)
-    assert r["damaged_set_aside"] == 1
+    assert r["damaged_set_aside"] == 1 and r["kinds"][damage]["damaged"] == 1
     again = campaign.run(tmp_path, per_leg=4, kinds=kinds, **SHORT)
     assert again.pop("legs_run_now") == 0 and r.pop("legs_run_now") == 1  # resumed: not run again
     assert again == r

@@ -89,3 +89,29 @@ def test_a_damage_fault_waits_until_an_older_committed_step_stands_behind_the_ne
         assert [(f["damaged"], f["behind"]) for f in sched.injected] == [(20, 10)]
         # negative control: an unreachable bucket is a reason to wait, not a fault to inject
         assert lacks_fallback(FakePod("http://127.0.0.1:9")).startswith("a listing of the")
+
+
+def test_the_damage_rides_through_the_buckets_injected_errors():
+    """Under the campaign's storage errors the harness's own requests fail too: a damage fault
+    that gave up on the first 503 was a plain kill (seen in a campaign leg)."""
+    import json
+    import urllib.request
+
+    from localpod import faults
+    from localpod.storage_faults import CONTROL_PATH
+
+    with storage.running_emulator(BUCKET) as url:
+        _put(url, {**_step(10), **_step(20, size=1000)})
+        plan = json.dumps({"rate": 0.3, "kinds": ["503", "drop"], "seed": 3}).encode()
+        urllib.request.urlopen(urllib.request.Request(f"{url}{CONTROL_PATH}", plan), timeout=5)
+        pod = FakePod(url)
+        done = faults.inject(pod, "damaged-crash")
+        with urllib.request.urlopen(f"{url}{CONTROL_PATH}", timeout=5) as resp:
+            report = json.load(resp)
+        assert sum(report["injected"].values()) >= 1, report  # some try failed: it tried again
+        assert done == {"damaged": 20, "behind": 10}, done
+        urllib.request.urlopen(  # errors off, to read the bucket back
+            urllib.request.Request(f"{url}{CONTROL_PATH}", b'{"rate": 0}'), timeout=5
+        )
+        sizes = {o["name"]: o["size"] for o in storage.list_objects(url, BUCKET, PREFIX)}
+        assert sizes[f"{PREFIX}/20/state/large"] == 500 and pod.crashed == [0]
