@@ -59,6 +59,12 @@ def _damaged(pod) -> dict:
     return {"damaged": None, "damage_error": f"{error} ({DAMAGE_TRIES} tries)"}
 
 
+def _bucket(pod) -> tuple[str, str]:
+    """The pod's GCS emulator URL and bucket."""
+    endpoints = pod.endpoints()
+    return endpoints["storage"].rstrip("/"), endpoints["bucket"]
+
+
 def committed_steps(pod) -> list[int]:
     """The run's committed, verified steps in the pod's bucket, oldest first: those with Orbax's
     commit file and the trainer's manifest (the steps a restore may read)."""
@@ -66,8 +72,7 @@ def committed_steps(pod) -> list[int]:
     from trainer.manifest import COMMIT_SUCCESS
     from trainer.manifest import NAME as MANIFEST
 
-    endpoints = pod.endpoints()
-    url, bucket = endpoints["storage"].rstrip("/"), endpoints["bucket"]
+    url, bucket = _bucket(pod)
     prefix = f"{pod.run_prefix}/checkpoints/"
     files: dict[str, set[str]] = {}
     for o in storage.list_objects(url, bucket, prefix):
@@ -86,20 +91,12 @@ def lacks_fallback(pod) -> str | None:
     return None if len(steps) >= 2 else f"a committed step behind the newest (committed: {steps})"
 
 
-def damage_newest(pod) -> int | None:
-    """Cut the largest state file of the run's newest committed step to half its size, through
-    the pod's GCS emulator; returns that step (None: no such step)."""
-    steps = committed_steps(pod)
-    return damage_step(pod, steps[-1]) if steps else None
-
-
 def damage_step(pod, step: int) -> int | None:
     """Cut the largest file under `step`'s state/ to half its size; returns `step` (None: the
     step has no state files)."""
     from localpod import storage
 
-    endpoints = pod.endpoints()
-    url, bucket = endpoints["storage"].rstrip("/"), endpoints["bucket"]
+    url, bucket = _bucket(pod)
     state = storage.list_objects(url, bucket, f"{pod.run_prefix}/checkpoints/{step}/state/")
     if not state:
         return None

@@ -163,7 +163,7 @@ def inspect_step(run: Run, name: str, entries: list, read_values: bool) -> StepR
     report = StepReport(
         name=name,
         step=int(aside.group(1) if aside else name),
-        committed="commit_success.txt" in files,
+        committed=manifest.COMMIT_SUCCESS in files,
         size=sum(int(b.size or 0) for b in files.values()),
         objects=len(files),
         format="ocdbt" if "state/manifest.ocdbt" in files else "plain",

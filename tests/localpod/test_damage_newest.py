@@ -8,8 +8,8 @@ import time
 from types import SimpleNamespace
 
 from bench import faults as schedules
-from localpod import storage
-from localpod.faults import committed_steps, damage_newest, lacks_fallback
+from localpod import faults, storage
+from localpod.faults import committed_steps, lacks_fallback
 from ops.job_status import JobStatus
 from ops.probe import Probe
 
@@ -51,8 +51,9 @@ def test_the_newest_committed_verified_step_loses_half_its_largest_state_file():
                    **_step(30, committed=False, size=1000),  # manifest, no commit: not newest
                    **_step(40, manifest=False, size=1000)}  # committed, never verified  # fmt: skip
         _put(url, objects)
-        assert committed_steps(FakePod(url)) == [10, 20]
-        assert damage_newest(FakePod(url)) == 20
+        pod = FakePod(url)
+        assert committed_steps(pod) == [10, 20]
+        assert faults.inject(pod, "damaged-crash") == {"damaged": 20, "behind": 10}
         after = {o["name"]: o["size"] for o in storage.list_objects(url, BUCKET, PREFIX)}
         assert after.pop(f"{PREFIX}/20/state/large") == 500
         assert after == {name: len(data) for name, data in objects.items()
@@ -97,7 +98,6 @@ def test_the_damage_rides_through_the_buckets_injected_errors():
     import json
     import urllib.request
 
-    from localpod import faults
     from localpod.storage_faults import CONTROL_PATH
 
     with storage.running_emulator(BUCKET) as url:
