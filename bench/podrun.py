@@ -223,7 +223,7 @@ REFERENCES = {"reference": "", "reference-none": "--set checkpoint_every=0"}
 REFERENCE_SCRIPT = (
     'R="$TPUPOD_ROOT"; cd -P "$R/current" && '
     'while IFS=\'=\' read -r k v; do export "$k=$v"; done < "$R/job.env" && '
-    'export TPUPOD_WORKDIR="gs://{bucket}/runs/{name}" '
+    'export TPUPOD_WORKDIR="gs://{bucket}/runs/{stack}/{name}" '
     'TPUPOD_STATUS_FILE="$R/{name}-status.json" && '
     '.venv/bin/python -m trainer {args} {extra} > "$R/{name}.log" 2>&1'
 )
@@ -270,14 +270,16 @@ def run_reference(
 ) -> tuple[dict | None, float]:
     """One uninterrupted reference run of `python -m trainer TRAINER_ARGS` on every worker (as
     root, like the job), observed as the watch observes the faulted run: its summary.json
-    (final step, fingerprint) and its wall time. Its own workdir, runs/<name>; `extra` (default:
+    (final step, fingerprint) and its wall time. Its own workdir, runs/<stack>/<name> (under the
+    stack's prefix: the workers may write nowhere else); `extra` (default:
     REFERENCES[name]) follows the job's arguments, so its --steps and --set win."""
     from localpod.demo.reference import pod_provider, read_object
     from ops.workers import WorkerGroup, as_root
 
     bucket = json.loads((pod.paths.root / "endpoints.json").read_text())["bucket"]
     extra = REFERENCES[name] if extra is None else extra
-    script = REFERENCE_SCRIPT.format(bucket=bucket, name=name, args=trainer_args, extra=extra)
+    script = REFERENCE_SCRIPT.format(bucket=bucket, stack=pod.stack, name=name, args=trainer_args,
+                                     extra=extra)  # fmt: skip
     provider = pod_provider(pod.paths.root)
     workers = provider.describe().workers
     started = time.time()
@@ -293,4 +295,4 @@ def run_reference(
     if bad:
         console.print(f"{name} run failed on worker {bad[0].index} (exit {bad[0].exited})")
         return None, wall
-    return read_object(pod.paths.root, f"runs/{name}/summary.json"), wall
+    return read_object(pod.paths.root, f"runs/{pod.stack}/{name}/summary.json"), wall

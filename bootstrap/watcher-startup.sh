@@ -124,6 +124,9 @@ watcher_main() {
   . "$BOOTSTRAP_STATE/metadata.sh"
   export PATH="$TPUPOD_ROOT/bin:$PATH"
   if [ -n "${TPUPOD_WATCHER_CODE:-}" ]; then # the local pod's VM: this checkout, synced already
+    # The bundle still comes and is verified as on GCP (the same grant, the same request); the
+    # code that runs is the checkout, whose environment is synced already.
+    phase bundle 600 phase_bundle
     ln -sfn "$TPUPOD_WATCHER_CODE" "$TPUPOD_ROOT/current.tmp"
   else
     # Debian's image has python3 but no pip, which the hash-pinned uv install uses (signed apt).

@@ -1,7 +1,7 @@
 """WorkerIdentity: the service account the TPU workers run as, with the least it needs.
 
-On the bucket, by object prefix (IAM conditions on `resource.name`, which need uniform
-bucket-level access): this stack's checkpoints `runs/<stack>/` and compile cache
+On the bucket, its metadata (storage.buckets.get: Orbax reads it) and, by object prefix (IAM
+conditions on `resource.name`, which need uniform bucket-level access): this stack's checkpoints `runs/<stack>/` and compile cache
 `compile-cache/<stack>/` read-write, code bundles `bundles/` read-only (and prepared data `data/`
 read-only when the stack trains on data there). So a compromised worker
 can neither rewrite the code every recreated slice boots nor feed another stack's slices a
@@ -26,6 +26,11 @@ PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 READ_WRITE = "roles/storage.objectUser"  # get, list, create, overwrite, delete objects
 READ_ONLY = "roles/storage.objectViewer"  # get, list objects
 SECRET_READER = "roles/secretmanager.secretAccessor"  # access a secret's versions, nothing else
+# The bucket's own metadata (storage.buckets.get; its storage.buckets.list is a project permission,
+# void on a bucket): Orbax reads it before it lists or deletes steps (gcs_utils.get_bucket, to
+# learn whether the bucket has a hierarchical namespace), so without it every trainer's first
+# checkpoint listing is a 403 on GCP. No object access: the prefix grants below give that.
+BUCKET_METADATA = "roles/storage.bucketViewer"
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ class WorkerIdentity(pulumi.ComponentResource):
             bucket_prefix_role(f"{name}-bucket-{grant.name}", args.bucket, grant.role, member,
                                prefix, f"tpupod {grant.name}", f"{prefix}: {grant.why}",
                                child)  # fmt: skip
+        gcp.storage.BucketIAMMember(f"{name}-bucket-metadata", bucket=args.bucket,
+                                    role=BUCKET_METADATA, member=member, opts=child)  # fmt: skip
         for secret in args.secrets:
             gcp.secretmanager.SecretIamMember(
                 f"{name}-secret-{secret}",

@@ -90,7 +90,8 @@ def _computed(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
             "state": "READY",
         }
     if type_ == "gcp:serviceaccount/account:Account":
-        return {"email": f"{inputs['accountId']}@{TEST_PROJECT}.iam.gserviceaccount.com"}
+        project = inputs.get("project") or TEST_PROJECT
+        return {"email": f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"}
     if type_ == "gcp:storage/bucket:Bucket":
         return {"url": f"gs://{inputs['name']}", "selfLink": f"storage/{inputs['name']}"}
     if type_.startswith("gcp:compute/"):

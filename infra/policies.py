@@ -278,7 +278,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "tpupod-bucket-grants-by-prefix",
-        "Bucket roles are limited to an object prefix by an IAM condition",
+        "Bucket roles that reach objects are limited to an object prefix by an IAM condition",
         frozenset(policy_cis.BUCKET_IAM),
         policy_cis.bucket_grants_by_prefix,
     ),

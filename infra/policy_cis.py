@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contract import iam
 from infra import catalog, exposure
 from infra.security import OS_LOGIN_METADATA, SOFT_DELETE_DAYS_RANGE
 
@@ -20,6 +21,7 @@ BUCKET_IAM = {
     "gcp:storage/bucketIAMBinding:BucketIAMBinding",
 }
 STORAGE_ROLE_PREFIX = "roles/storage."
+OBJECT_PERMISSIONS = "storage.objects."
 PREFIX_CONDITION = "resource.name.startsWith("
 MIN_SOFT_DELETE_SECONDS = SOFT_DELETE_DAYS_RANGE[0] * 24 * 60 * 60
 
@@ -76,12 +78,23 @@ def no_project_storage_role(
     return []
 
 
+def reaches_objects(role: str) -> bool:
+    """The role reads or writes objects (IAM catalog: a storage.objects.* permission); a role the
+    catalog does not know counts as one (a custom role's permissions are not at hand here)."""
+    try:
+        permissions = iam.catalog().role(role)
+    except iam.CatalogError:
+        return True
+    return any(p.startswith(OBJECT_PERMISSIONS) for p in permissions)
+
+
 def bucket_grants_by_prefix(
     resource_type: str, props: Mapping[str, Any], protect: bool
 ) -> list[str]:
     role = str(props.get("role") or "")
     expression = str((props.get("condition") or {}).get("expression") or "")
-    if role.startswith(STORAGE_ROLE_PREFIX) and PREFIX_CONDITION not in expression:
+    if (role.startswith(STORAGE_ROLE_PREFIX) and reaches_objects(role)
+            and PREFIX_CONDITION not in expression):  # fmt: skip
         return [f"{role} on the whole bucket; limit it to a prefix ({PREFIX_CONDITION}...)"]
     return []
 

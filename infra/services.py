@@ -22,6 +22,11 @@ REQUIRED = {
     "oslogin.googleapis.com": "OS Login for SSH users",
     "storage.googleapis.com": "the checkpoint bucket",
     "iam.googleapis.com": "the workers' and the watcher's service accounts",
+    # The project's IAM bindings (gcp.projects.IAMMember, the watcher's custom role) go through
+    # the Resource Manager API, off in a new project.
+    "cloudresourcemanager.googleapis.com": "the stack's project IAM bindings and custom role",
+    "logging.googleapis.com": "the workers' and the watcher's logs (roles/logging.logWriter)",
+    "monitoring.googleapis.com": "the workers' metrics (roles/monitoring.metricWriter)",
 }
 SECRETS = {"secretmanager.googleapis.com": "the job's secrets (tpupod-job.yaml `secrets:`)"}
 

@@ -26,6 +26,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from contract import iam
 from infra.component import child_options
 from infra.grants import bucket_prefix_role, project_roles, ssh_ingress
 from infra.identity import READ_ONLY, READ_WRITE
@@ -37,18 +38,16 @@ WATCHER_UNIT_PATH = Path(__file__).resolve().parent.parent / "bootstrap" / "tpup
 NODE_SPEC_KEY = "tpupod-node-spec"
 UNIT_KEY = "tpupod-watcher-unit"
 IMAGE = "debian-cloud/debian-12"
-# What `ops.tpu.TpuProvider` calls: nodes get (and getGuestAttributes), list, create, delete,
-# queued resources get, create, delete (ops.queued), operations get.
-# https://cloud.google.com/iam/docs/roles-permissions/tpu (IAM keeps the collection's camelCase)
+# What `ops.tpu.TpuProvider` calls, as IAM checks it (contract/iam_catalog.json): nodes get and
+# getGuestAttributes (tpu.nodes.get), list, create, delete; queued resources get, list, create,
+# delete, which IAM authorises as tpu.nodes.get / list / create / delete (there are no
+# tpu.queuedResources.* permissions: a custom role naming one is refused at `pulumi up`);
+# operations get.
 TPU_PERMISSIONS = (
     "tpu.nodes.get",
     "tpu.nodes.list",
     "tpu.nodes.create",
     "tpu.nodes.delete",
-    "tpu.queuedResources.get",
-    "tpu.queuedResources.list",
-    "tpu.queuedResources.create",
-    "tpu.queuedResources.delete",
     "tpu.operations.get",
 )
 PROJECT_ROLES = (
@@ -79,6 +78,18 @@ class WatcherVmArgs:
 
 def watcher_tag(name: str) -> str:
     return name if name.endswith("-watcher") else f"{name}-watcher"
+
+
+def check_permissions(role: str, permissions: tuple[str, ...]) -> list[str]:
+    """A custom role's permissions, each one IAM knows (the catalog's); RunError naming the
+    first it does not, as IAM's 400 at `pulumi up` would."""
+    unknown = iam.catalog().unknown(permissions)
+    if unknown:
+        raise pulumi.RunError(
+            f"custom role {role} names permission {unknown[0]!r}, which IAM does not know "
+            f"(contract/iam_catalog.json, from Google's IAM reference); IAM refuses such a role"
+        )
+    return list(permissions)
 
 
 def role_id(stack: str) -> str:
@@ -130,7 +141,7 @@ class WatcherVm(pulumi.ComponentResource):
             role_id=role_id(args.stack),
             title=f"tpupod watcher ({args.stack})",
             description="TPU node get/list/create/delete and operations get: recovery only",
-            permissions=list(TPU_PERMISSIONS),
+            permissions=check_permissions(role_id(args.stack), TPU_PERMISSIONS),
             opts=child,
         )
         gcp.projects.IAMMember(

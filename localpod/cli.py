@@ -19,6 +19,7 @@ from rich.table import Table
 from infra import job as jobs
 from infra.config_checks import CREATE_VIAS
 from localpod import tpu_client
+from localpod.iam_policy import DEFAULT_STACK
 from localpod.metadata_server import ZONES
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState
@@ -97,6 +98,7 @@ def _up(args: argparse.Namespace) -> int:
         create_via=args.create_via,
         spot=not args.on_demand,
         queue_first=True,
+        iam_stack=args.stack,
     )
     console = Console()
     started = time.monotonic()
@@ -168,6 +170,8 @@ def _endpoints(args: argparse.Namespace) -> int:
         table.add_row(f"ssh {key}", ssh[key])
     for address, port in ssh["ports"].items():
         table.add_row(f"ssh {address}", str(port))
+    for name, identity in found.get("identities", {}).items():
+        table.add_row(f"identity {name}", f"{identity['email']} (token: {identity['token_file']})")
     Console().print(table)
     return 0
 
@@ -294,6 +298,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--preset", help="the built-in trainer's config preset [tiny]")
     up.add_argument("--steps", type=int, help="the built-in trainer's training steps [200]")
     up.add_argument("--devices-per-worker", type=int, default=2, help="CPU devices per worker")
+    up.add_argument(
+        "--stack", default=DEFAULT_STACK,
+        help="the stack whose IAM the pod's cloud enforces: its service accounts, grants and "
+        "enabled APIs, as `pulumi up` would leave them [%(default)s]",
+    )  # fmt: skip
     up.add_argument("--startup-script", type=Path, help=argparse.SUPPRESS)
     up.add_argument(
         "--watcher", action="store_true", help="also start the watcher VM (recovers the slice)"

@@ -22,7 +22,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from localpod import oslogin, procs, secret_manager, storage
+from localpod import identities, oslogin, procs, secret_manager, storage, tokens
+from localpod.authz import POLICY_FILE, Gate
+from localpod.iam_policy import OPERATOR
 from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
 from localpod.privilege import login_user
 from localpod.slice import Slice
@@ -33,6 +35,7 @@ from localpod.tpu_nodes import TpuService
 from localpod.worker_vm import write_ed25519_key
 
 UPKEEP_INTERVAL_S = 0.25
+WATCHER_OCTET = 200  # the watcher VM's address in the pod's 127.0.K.0/24 (localpod.watcher_vm)
 NODE_ID = "local"  # the node the pod's own `up` creates
 
 
@@ -54,13 +57,16 @@ def choose_subnet(pod_dir: Path) -> int:
 def choose_layout(paths: PodPaths, config: dict) -> dict:
     k = choose_subnet(paths.root)
     addresses = [f"127.0.{k}.{i + 1}" for i in range(config["workers"])]
-    # JAX's coordinator binds all addresses, so its port must be no other service's.
-    with procs.held_ports(["0.0.0.0", "127.0.0.1", *addresses]) as held:
+    watcher_address = f"127.0.{k}.{WATCHER_OCTET}"
+    # JAX's coordinator binds all addresses, so its port must be no other service's; the storage
+    # emulator listens on every VM's address and 127.0.0.1, so its port is held on all of them.
+    with procs.held_ports(["0.0.0.0", "0.0.0.0", *addresses]) as held:
         metadata_port = procs.free_port_on_all(addresses)  # none of the held ones
     coordinator_port, emulator_port, *ssh_ports = held
     return {
         "subnet": k,
         "addresses": addresses,
+        "watcher_address": watcher_address,
         "ssh_ports": ssh_ports,
         "metadata_port": metadata_port,
         "coordinator_port": coordinator_port,
@@ -85,6 +91,7 @@ class Controller:
         self.kills: TimedKills | None = None
         self.oslogin: oslogin.OsLoginServer | None = None
         self.secrets: secret_manager.SecretManagerServer | None = None
+        self.gate: Gate | None = None
 
     def kill_strays(self) -> None:
         """Kill our descendants that are neither the emulator's tree nor a live worker agent's."""
@@ -101,10 +108,15 @@ class Controller:
         if not self.paths.client_key.exists():  # the operator's key, kept across pods
             write_ed25519_key(self.paths.client_key, comment="tpupod-local")
         bucket = self.config["bucket"]
+        self.gate = Gate.for_pod(self.paths.root)
+        if self.gate is None:
+            raise PodError(f"no IAM policy in {self.paths.root / POLICY_FILE}: `up` writes it")
+        key = tokens.read_key(self.paths.root)
         self.emulator = storage.start_emulator(
-            self.layout["emulator_port"], bucket, self.paths.storage, self.paths.emulator_log
-        )
-        store = MetadataStore()
+            self.layout["emulator_port"], bucket, self.paths.storage, self.paths.emulator_log,
+            pod_dir=self.paths.root, listeners=storage_listeners(self.layout, self.gate.policy),
+        )  # fmt: skip
+        store = MetadataStore(token_key=key)
         self.metadata = MetadataServer(
             self.layout["addresses"], self.layout["metadata_port"], store
         )
@@ -112,22 +124,23 @@ class Controller:
         self.slice = Slice(self.paths, self.layout, store, self.kill_strays)
         self.kills = TimedKills(lambda i: self.paths.tpupod_root(i) / "status.json",
                                 self.slice.signal_job)  # fmt: skip
-        self.tpu = TpuApiServer(TpuService(self.slice, self.layout))
+        self.tpu = TpuApiServer(TpuService(self.slice, self.layout), self.gate)
         self.tpu.start()
         # OS Login: keys imported here are what the workers' SSH servers (spawned after this,
         # inheriting the variable) accept for a service account's POSIX user.
         os.environ[oslogin.DIR_ENV] = str(self.paths.root / "oslogin")
-        self.oslogin = oslogin.OsLoginServer(self.paths.root / "oslogin")
+        self.oslogin = oslogin.OsLoginServer(self.paths.root / "oslogin", self.gate)
         self.oslogin.start()
         # Secret Manager: the workers (booted after this) reach it through their environment.
-        self.secrets = secret_manager.SecretManagerServer(self.paths.root / "secrets")
+        self.secrets = secret_manager.SecretManagerServer(self.paths.root / "secrets", self.gate)
         self.secrets.start()
         self.layout["secretmanager_url"] = self.secrets.url
         self.api = ThreadingHTTPServer(("127.0.0.1", 0), _ApiHandler)
         self.api.daemon_threads = True
         self.api.controller = self  # type: ignore[attr-defined]
         threading.Thread(target=self.api.serve_forever, kwargs={"poll_interval": 0.2}).start()
-        storage.wait_ready(self.emulator, self.layout["emulator_url"], bucket)
+        operator = tokens.mint(key, OPERATOR.split(":", 1)[1])  # the bucket's owner asks
+        storage.wait_ready(self.emulator, self.layout["emulator_url"], bucket, token=operator)
         pod = {
             **self.layout,
             "pod_dir": str(self.paths.root),
@@ -145,6 +158,8 @@ class Controller:
         published = endpoints(self.paths, self.layout, self.tpu.url, bucket)
         published["oslogin"] = self.oslogin.url  # like https://oslogin.googleapis.com
         published["secretmanager"] = self.secrets.url  # like https://secretmanager.googleapis.com
+        published["identities"] = identities.for_pod(self.paths.root, key, self.gate.policy,
+                                                     len(self.layout["addresses"]))  # fmt: skip
         write_json(self.paths.endpoints, published)
         write_json(self.paths.pod, pod)
         _log(f"pod up: control 127.0.0.1:{pod['control_port']}, TPU API {self.tpu.url}")
@@ -184,6 +199,22 @@ class Controller:
         if pod and pod.get("controller_pid") == os.getpid():
             self.paths.pod.unlink(missing_ok=True)
             self.paths.endpoints.unlink(missing_ok=True)
+
+
+def storage_url(layout: dict, address: str) -> str:
+    """A VM's own storage URL: its address, the emulator's port (localpod.storage_iam)."""
+    return f"http://{address}:{layout['emulator_port']}"
+
+
+def storage_listeners(layout: dict, policy) -> dict[str, str]:
+    """Each machine's address -> the member its token-less storage requests are attributed to:
+    every VM's, and 127.0.0.1 the operator's (whose emulator-mode clients send no token either:
+    Orbax's own google-cloud-storage client, gcsfs `anon`)."""
+    listeners = {"127.0.0.1": OPERATOR}
+    listeners |= {a: f"serviceAccount:{policy.accounts['workers']}" for a in layout["addresses"]}
+    if "watcher" in policy.accounts:
+        listeners[layout["watcher_address"]] = f"serviceAccount:{policy.accounts['watcher']}"
+    return listeners
 
 
 def endpoints(paths: PodPaths, layout: dict, tpu_api: str, bucket: str) -> dict:

@@ -20,28 +20,42 @@ The server, its HTTP API and its object storage are the stock ones; this module 
   for GCS's default 7 days.
 - Injected faults (429, 503, dropped connections, stalls) on a chosen fraction of requests:
   localpod.storage_faults, off unless `TPUPOD_STORAGE_FAULTS` or `/_tpupod/faults` asks.
+- IAM, in a pod (`TPUPOD_STORAGE_POD_DIR`): every request authorised by the pod's gate
+  (localpod.storage_iam), on one listener per machine (`TPUPOD_STORAGE_LISTENERS`: address ->
+  the member a request without a token of the pod's is attributed to: each VM's address, and
+  127.0.0.1 the operator's). The stock `/wipe` is not served there: GCS has none.
 
 `python -m localpod.emulator start --host 127.0.0.1 --port P --default-bucket B`
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 import threading
 from functools import partial
 from http import HTTPStatus
 from http.server import ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from gcp_storage_emulator import server, storage
 from gcp_storage_emulator.__main__ import main
 from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.handlers import buckets, objects
 
-from localpod import storage_faults
+from localpod import storage_faults, storage_iam
+from localpod.authz import Gate
+from localpod.loopback import send_json
 
+POD_DIR_ENV = "TPUPOD_STORAGE_POD_DIR"
+LISTENERS_ENV = "TPUPOD_STORAGE_LISTENERS"
 _LOCK = threading.Lock()
 _FAULTS = storage_faults.FaultGate(storage_faults.FaultPlan())
+_GATE: Gate | None = None
+_LISTENERS: dict[str, str] = {}  # address -> member (a VM's storage URL)
 _stock_read_raw = server._read_raw_data
 _stock_bucket_resource = buckets._make_bucket_resource
 
@@ -145,8 +159,70 @@ def _handle_serialised(self, method, _stock=server.Router.handle) -> None:
         return
     if storage_faults.inject(_FAULTS, handler):
         return
+    if _GATE is not None and not _authorized(handler, str(method).upper()):
+        return
     with _LOCK:
         _stock(self, method)
+
+
+def _caller(handler):
+    member = _LISTENERS.get(handler.server.server_address[0])
+    return _GATE.caller(handler.headers.get("Authorization"), member)
+
+
+def _exists(store, bucket: str, name: str) -> bool:
+    try:
+        store.get_file_obj(bucket, name)
+        return True
+    except NotFound:
+        return False
+
+
+def _authorized(handler, method: str) -> bool:
+    """True when the request may be served; else GCS's refusal has been sent."""
+    url = urlsplit(handler.path)
+    query = parse_qs(url.query)
+    if query.get("upload_id") or url.path == "/batch/storage/v1":
+        return True  # a resumable session's chunk (its URL authorises it); a batch's parts
+    verb = handler.headers.get("x-http-method-override") or method
+    found = storage_iam.route(verb, url.path)
+    if found is None or found[0] == "health":
+        if url.path == "/wipe":
+            send_json(handler, 404, {"error": {"code": 404, "message": "Not Found"}})
+            return False
+        return True  # the stock server answers what GCS does not serve (501)
+    name, params = found
+    store = handler.storage
+    call = storage_iam.call(_GATE, name, params, query, partial(_exists, store),
+                            lambda: server._read_data(handler, query))  # fmt: skip
+    refused = storage_iam.check(_GATE, _caller(handler), call)
+    if refused is None:
+        return True
+    send_json(handler, *refused)
+    return False
+
+
+def _batch_guard(stock, verb: str):
+    """A batch part checked as the request it stands for (a denied part answers 403 alone)."""
+
+    def guarded(request, item, store, bucket_name, object_id, meta, response):
+        if _GATE is None:
+            return stock(request, item, store, bucket_name, object_id, meta, response)
+        params = {
+            "bucket": bucket_name,
+            "object": object_id,
+            "dbucket": item.get("dest_bucket_name"),
+            "dobject": item.get("dest_object_id"),
+        }
+        call = storage_iam.call(_GATE, storage_iam.BATCH_METHODS[verb], params, {},
+                                partial(_exists, store), lambda: meta)  # fmt: skip
+        refused = storage_iam.check(_GATE, _caller(request._request_handler), call)
+        if refused is None:
+            return stock(request, item, store, bucket_name, object_id, meta, response)
+        objects._batch_write_json(response, f"HTTP/1.1 {refused[0]} Forbidden", refused[1])
+        return True
+
+    return guarded
 
 
 class _ThreadingServer(ThreadingHTTPServer):
@@ -155,10 +231,14 @@ class _ThreadingServer(ThreadingHTTPServer):
 
 
 def _serve_threaded(self) -> None:
-    """APIThread.run with a thread per connection."""
-    self._httpd = _ThreadingServer(
-        (self._host, self._port), partial(server.RequestHandler, self._storage)
-    )
+    """APIThread.run with a thread per connection, and one more listener per VM address."""
+    handler = partial(server.RequestHandler, self._storage)
+    self._httpd = _ThreadingServer((self._host, self._port), handler)
+    for address in _LISTENERS:
+        if address == self._host:
+            continue  # the main listener's attribution: in _LISTENERS too
+        extra = _ThreadingServer((address, self._port), handler)
+        threading.Thread(target=extra.serve_forever, daemon=True).start()
     self.is_running.set()
     self._httpd.serve_forever()
 
@@ -197,12 +277,18 @@ def install() -> None:
         objects.download: download,
     }
     objects.insert = patched[objects.insert]  # the router's fallback for uploads without /upload
+    for verb, stock in list(objects._BATCH_METHOD_HANDLERS.items()):
+        objects._BATCH_METHOD_HANDLERS[verb] = _batch_guard(stock, verb)
     for stock, new in patched.items():
         _replace_handlers(stock, new)
 
 
 def run(argv: list[str]) -> int:
+    global _GATE
     _FAULTS.set(storage_faults.plan_from_env())
+    if pod_dir := os.environ.get(POD_DIR_ENV):
+        _GATE = Gate.for_pod(Path(pod_dir))
+        _LISTENERS.update(json.loads(os.environ.get(LISTENERS_ENV) or "{}"))
     install()
     if "--in-memory" not in argv:
         argv = [*argv, "--in-memory"]

@@ -25,7 +25,7 @@ def seed_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def plant(url: str, bucket: str, stack: str | None = None) -> int:
+def plant(url: str, bucket: str, stack: str | None = None, token: str | None = None) -> int:
     """Uploads every seed object (archives before manifests); returns how many. `stack`: under
     that stack's prefix (envs/STACK/), whichever stack's workers built them (the key is the
     environment's; the prefix is only whose workers may write it)."""
@@ -44,23 +44,23 @@ def plant(url: str, bucket: str, stack: str | None = None) -> int:
                 manifest["object"] = PREFIX + f"{stack}/" + manifest["object"][len(built_by) :]
                 data = json.dumps(manifest).encode()
         kind = "application/json" if path.suffix == ".json" else "application/octet-stream"
-        storage.upload(url, bucket, name, data, kind)
+        storage.upload(url, bucket, name, data, kind, token)
     return len(files)
 
 
-def harvest(url: str, bucket: str) -> int:
+def harvest(url: str, bucket: str, token: str | None = None) -> int:
     """Copies the pod's newly published environments into the seed; returns how many."""
     root = seed_dir()
     if root is None:
         return 0
     added = 0
-    for obj in storage.list_objects(url, bucket, PREFIX):
+    for obj in storage.list_objects(url, bucket, PREFIX, token):
         name = obj["name"]
         if not name.endswith(".json") or (root / name).exists():  # manifests only
             continue
-        manifest = storage.download(url, bucket, name)
+        manifest = storage.download(url, bucket, name, token)
         archive = json.loads(manifest)["object"]
-        _write(root / archive, storage.download(url, bucket, archive))
+        _write(root / archive, storage.download(url, bucket, archive, token))
         _write(root / name, manifest)
         added += 1
     return added

@@ -59,10 +59,13 @@ def _damaged(pod) -> dict:
     return {"damaged": None, "damage_error": f"{error} ({DAMAGE_TRIES} tries)"}
 
 
-def _bucket(pod) -> tuple[str, str]:
-    """The pod's GCS emulator URL and bucket."""
+def _bucket(pod) -> tuple[str, str, str]:
+    """The pod's GCS emulator URL, bucket, and the operator's token (the harness acts as the
+    person at the terminal, who owns the project)."""
+    from localpod.identities import operator_token
+
     endpoints = pod.endpoints()
-    return endpoints["storage"].rstrip("/"), endpoints["bucket"]
+    return endpoints["storage"].rstrip("/"), endpoints["bucket"], operator_token(endpoints)
 
 
 def committed_steps(pod) -> list[int]:
@@ -72,10 +75,10 @@ def committed_steps(pod) -> list[int]:
     from trainer.manifest import COMMIT_SUCCESS
     from trainer.manifest import NAME as MANIFEST
 
-    url, bucket = _bucket(pod)
+    url, bucket, token = _bucket(pod)
     prefix = f"{pod.run_prefix}/checkpoints/"
     files: dict[str, set[str]] = {}
-    for o in storage.list_objects(url, bucket, prefix):
+    for o in storage.list_objects(url, bucket, prefix, token):
         step, _, rest = o["name"][len(prefix) :].partition("/")
         if step.isdigit():
             files.setdefault(step, set()).add(rest)
@@ -96,13 +99,14 @@ def damage_step(pod, step: int) -> int | None:
     step has no state files)."""
     from localpod import storage
 
-    url, bucket = _bucket(pod)
-    state = storage.list_objects(url, bucket, f"{pod.run_prefix}/checkpoints/{step}/state/")
+    url, bucket, token = _bucket(pod)
+    state = storage.list_objects(url, bucket, f"{pod.run_prefix}/checkpoints/{step}/state/", token)
     if not state:
         return None
     largest = max(state, key=lambda o: o["size"])
-    data = storage.download(url, bucket, largest["name"])
-    storage.upload(url, bucket, largest["name"], data[: len(data) // 2], "application/octet-stream")
+    data = storage.download(url, bucket, largest["name"], token)
+    storage.upload(url, bucket, largest["name"], data[: len(data) // 2],
+                   "application/octet-stream", token)  # fmt: skip
     return step
 
 

@@ -7,6 +7,10 @@ does for `gcloud compute tpus tpu-vm ssh --tunnel-through-iap`: it resolves INST
 TPU workers of that project and zone, by the `hostname` guest attribute the TPU API serves for
 each worker, and relays stdin/stdout to that worker's SSH port. Only a real instance name of a
 live node resolves; anything else is one line on stderr and exit 1, as gcloud fails.
+
+It acts as the operator, whose gcloud credentials the real tunnel carries: its TPU API calls send
+the operator's token, and the tunnel itself is authorised as IAP authorises one
+(iap.tunnelInstances.accessViaIAP, by the pod's gate).
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from localpod.authz import Denied, Gate
+from localpod.identities import operator_token
+from localpod.state import PodError
+
 ERROR = "ERROR: (gcloud.compute.start-iap-tunnel) "
+TUNNEL = "iap.tunnelInstances.connect"  # the catalog's entry for a tunnel (not a REST method)
 CONNECT_FAILED = ERROR + "Error while connecting [4003: 'failed to connect to backend']."
 _CHUNK = 65536
 
@@ -30,10 +39,11 @@ class TunnelError(Exception):
     """Why the tunnel cannot be opened: one line, as gcloud prints it."""
 
 
-def _call(url: str, body: dict | None = None) -> dict:
+def _call(url: str, token: str, body: dict | None = None) -> dict:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             return json.loads(resp.read())
@@ -47,12 +57,32 @@ def _call(url: str, body: dict | None = None) -> dict:
         raise TunnelError(ERROR + f"cannot reach the TPU API at {url}: {err}") from None
 
 
+def authorize_tunnel(endpoints: dict, token: str, project: str, zone: str, instance: str) -> None:
+    """IAP's own check: may the caller tunnel to this instance (the pod's gate, if it has one)."""
+    gate = Gate.for_pod(Path(endpoints["spec_file"]).parent)
+    if gate is None:
+        return
+    name = f"projects/{project}/zones/{zone}/instances/{instance}"
+    targets = gate.targets(TUNNEL, name, "compute.googleapis.com/Instance")
+    try:
+        gate.check(gate.caller(f"Bearer {token}"), "iap.googleapis.com", TUNNEL, targets)
+    except Denied as denied:
+        why = denied.target.permission if denied.target else denied.kind
+        raise TunnelError(
+            ERROR + f"Error while connecting [4033: 'not authorized' ({why})]."
+        ) from None
+
+
 def resolve(endpoints: dict, instance: str, zone: str, project: str) -> tuple[str, int]:
     """(address, SSH port) of the worker whose guest-attribute hostname is `instance`."""
     location = f"{endpoints['tpu_api']}v2/projects/{project}/locations/{zone}"
-    for node in _call(f"{location}/nodes").get("nodes", []):
+    try:
+        token = operator_token(endpoints)
+    except PodError as err:
+        raise TunnelError(ERROR + str(err)) from None
+    for node in _call(f"{location}/nodes", token).get("nodes", []):
         name = node["name"].rsplit("/", 1)[-1]
-        answer = _call(f"{location}/nodes/{name}:getGuestAttributes", {})
+        answer = _call(f"{location}/nodes/{name}:getGuestAttributes", token, {})
         for index, worker in enumerate(answer.get("guestAttributes", [])):
             items = worker.get("queryValue", {}).get("items", [])
             hostnames = [i["value"] for i in items if i.get("key") == "hostname"]
@@ -61,6 +91,7 @@ def resolve(endpoints: dict, instance: str, zone: str, project: str) -> tuple[st
                 port = endpoints["ssh"]["ports"].get(address)
                 if port is None:
                     raise TunnelError(CONNECT_FAILED)
+                authorize_tunnel(endpoints, token, project, zone, instance)
                 return address, int(port)
     raise TunnelError(
         ERROR + "Could not fetch resource: The resource "

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from localpod import tokens
+
 PREFIX = "/computeMetadata/v1/"
 TOKEN_LIFETIME_S = 3599
 PROJECT_ID = "tpupod-local"
@@ -49,7 +51,10 @@ class MetadataStore:
     """Per-worker attributes, hostnames, the node and the slice-wide preempted flag; every change
     wakes the requests waiting for one."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_key: bytes | None = None) -> None:
+        """`token_key`: the pod's token key (localpod.tokens): each VM's token names its service
+        account. Without one (a bare store in a unit test) tokens name nobody any API knows."""
+        self.token_key = token_key
         self.cond = threading.Condition()
         self._attributes: dict[int, dict[str, str]] = {}
         self._preempted = False
@@ -73,6 +78,14 @@ class MetadataStore:
                     raise TypeError(f"metadata: no node field {name}")
                 setattr(self.node, name, value)
             self.cond.notify_all()
+
+    def token(self, email: str) -> dict:
+        """The access token GCE's metadata server hands the VM for its service account."""
+        if self.token_key is None:
+            access = "unsigned"
+        else:
+            access = tokens.mint(self.token_key, email, tokens.METADATA_LIFETIME_S)
+        return {"access_token": access, "expires_in": TOKEN_LIFETIME_S, "token_type": "Bearer"}
 
     def attributes(self, index: int) -> dict[str, str]:
         with self.cond:
@@ -148,13 +161,15 @@ def _as_json(value, camel: bool = True):
     return value
 
 
-def resolve(tree: dict, path: str, query: dict[str, str]) -> tuple[str, str] | None:
+def resolve(
+    tree: dict, path: str, query: dict[str, str], store: MetadataStore | None = None
+) -> tuple[str, str] | None:
     """(body, content type) for `path` (relative to /computeMetadata/v1/), None for 404."""
     if path.endswith("/token") and path.startswith("instance/service-accounts/"):
         account = tree["instance"]["service-accounts"].get(path.split("/")[2])
         if account is None:
             return None
-        token = {"access_token": "local", "expires_in": TOKEN_LIFETIME_S, "token_type": "Bearer"}
+        token = (store or MetadataStore()).token(account["email"])
         return json.dumps(token), "application/json"
     node = tree
     for part in [p for p in path.split("/") if p]:
@@ -237,7 +252,7 @@ class _WorkerServer(ThreadingHTTPServer):
     def answer(self, path: str, query: dict[str, str]) -> tuple[str, str] | None:
         """The answer now, or with `wait_for_change=true` the first one whose ETag differs from
         `last_etag` (default: the current one), or the current one after `timeout_sec`."""
-        found = resolve(self.store.tree(self.index), path, query)
+        found = resolve(self.store.tree(self.index), path, query, self.store)
         if query.get("wait_for_change", "").lower() != "true":
             return found
         timeout = min(float(query.get("timeout_sec", MAX_WAIT_S)), MAX_WAIT_S)
@@ -247,7 +262,7 @@ class _WorkerServer(ThreadingHTTPServer):
         deadline = time.monotonic() + timeout
         with self.store.cond:
             while True:
-                found = resolve(self.store.tree(self.index), path, query)
+                found = resolve(self.store.tree(self.index), path, query, self.store)
                 now = etag(found[0]) if found else None
                 remaining = deadline - time.monotonic()
                 if now != baseline or remaining <= 0:

@@ -14,14 +14,18 @@ import hashlib
 import json
 import os
 import re
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from localpod.loopback import LoopbackServer
+from localpod.authz import Caller, Denied, Gate, member_of
+from localpod.gcp_errors import ApiError
+from localpod.loopback import JsonApiHandler, LoopbackServer
 
 DIR_ENV = "TPUPOD_OSLOGIN_DIR"  # set by the controller; the worker agents inherit it
 _IMPORT = re.compile(r"/v1/users/(?P<email>[^/:]+):importSshPublicKey")
+METHOD = "oslogin.users.importSshPublicKey"
+LOGIN_CHECK = "oslogin.login.admin"  # the catalog's entry for OS Login's check at an SSH login
+RPC = "google.cloud.oslogin.v1.OsLoginService.ImportSshPublicKey"
 _KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256) [A-Za-z0-9+/=]+( .*)?$")
 
 
@@ -35,13 +39,33 @@ def posix_username(email: str) -> str:
     return f"sa_{unique_id(email)}"
 
 
-def authorized_keys_for(username: str, directory: str | Path | None = None) -> Path | None:
-    """The keys imported for `username`, None when there are none (or no OS Login here)."""
+def authorized_keys_for(username: str, directory: str | Path | None = None,
+                        instance: str = "-") -> Path | None:  # fmt: skip
+    """The keys imported for `username`, None when there are none (or no OS Login here), or
+    when IAM does not let its account log in with sudo on `instance` (roles/compute.osAdminLogin:
+    OS Login's check at every login, here the pod's gate's)."""
     base = directory or os.environ.get(DIR_ENV)
     if not base or not re.fullmatch(r"sa_[0-9]+", username):
         return None
     path = Path(base) / f"{username}.keys"
-    return path if path.is_file() and path.stat().st_size else None
+    if not (path.is_file() and path.stat().st_size):
+        return None
+    return path if login_allowed(Path(base), username, instance) else None
+
+
+def login_allowed(directory: Path, username: str, instance: str) -> bool:
+    gate = Gate.for_pod(directory.parent)  # the pod's (OS Login's directory is in it)
+    if gate is None:
+        return True
+    email = (directory / f"{username}.email").read_text().strip()
+    name = f"projects/{gate.policy.project}/zones/-/instances/{instance}"
+    targets = gate.targets(LOGIN_CHECK, name, "compute.googleapis.com/Instance")
+    try:
+        gate.check(Caller(member_of(email), via="ssh"), "oslogin.googleapis.com", LOGIN_CHECK,
+                   targets)  # fmt: skip
+    except Denied:
+        return False
+    return True
 
 
 def import_key(directory: Path, email: str, key: str) -> dict:
@@ -57,6 +81,7 @@ def import_key(directory: Path, email: str, key: str) -> dict:
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(sorted(keys)) + "\n")
     os.replace(tmp, path)
+    (directory / f"{user}.email").write_text(email + "\n")
     fingerprint = hashlib.sha256(key.split()[1].encode()).hexdigest()
     return {
         "loginProfile": {
@@ -84,31 +109,29 @@ def import_key(directory: Path, email: str, key: str) -> dict:
     }
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonApiHandler):
     server: OsLoginServer
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - quiet by design
-        pass
-
-    def _reply(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    service = "oslogin.googleapis.com"
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         match = _IMPORT.fullmatch(urlsplit(self.path).path)
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        raw = self.read_body()
         if match is None:
-            return self._reply(404, _error(404, "NOT_FOUND", f"No method POST {self.path}."))
+            return self.reply(404, _error(404, "NOT_FOUND", f"No method POST {self.path}."))
+        email = unquote(match["email"])
+        try:  # no IAM permission: a user (a service account too) manages its own profile only
+            caller = self.authorize(METHOD, RPC, [])
+            if self.server.gate is not None and caller.email != email:
+                raise ApiError("PERMISSION_DENIED", f"{caller.email} may not manage the login "
+                               f"profile of users/{email}.")  # fmt: skip
+        except ApiError as err:
+            return self.reply_error(err)
         try:
             body = json.loads(raw or b"{}")
-            profile = import_key(self.server.directory, unquote(match["email"]), body["key"])
+            profile = import_key(self.server.directory, email, body["key"])
         except (ValueError, KeyError, TypeError) as err:
-            return self._reply(400, _error(400, "INVALID_ARGUMENT", str(err)))
-        self._reply(200, profile)
+            return self.reply(400, _error(400, "INVALID_ARGUMENT", str(err)))
+        self.reply(200, profile)
 
 
 def _error(code: int, status: str, message: str) -> dict:
@@ -118,6 +141,6 @@ def _error(code: int, status: str, message: str) -> dict:
 class OsLoginServer(LoopbackServer):
     """`url` is the API root (Google's: https://oslogin.googleapis.com)."""
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(_Handler)
+    def __init__(self, directory: Path, gate=None) -> None:
+        super().__init__(_Handler, gate)
         self.directory = Path(directory)

@@ -29,9 +29,20 @@ from pathlib import Path
 from infra import metadata
 from infra.bundle_archive import build_bundle
 from infra.job import Job, builtin, check_run_id, new_run_id
-from localpod import env_seed, procs, secret_manager, storage, storage_faults, tpu_client
+from localpod import (
+    env_seed,
+    iam_policy,
+    procs,
+    secret_manager,
+    storage,
+    storage_faults,
+    tokens,
+    tpu_client,
+)
+from localpod.authz import POLICY_FILE
 from localpod.environment import accelerator_type, pod_metadata
-from localpod.metadata_server import ZONES
+from localpod.identities import operator_token
+from localpod.metadata_server import CLOUD_PLATFORM, PROJECT_ID, ZONES
 from localpod.state import (
     PROJECT_ROOT,
     PodError,
@@ -87,6 +98,7 @@ class LocalPod:
         zones: tuple[str, ...] = ZONES,
         spot: bool = True,
         queue_first: bool = False,
+        iam_stack: str = iam_policy.DEFAULT_STACK,
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
         infra.metadata.startup_script(); read once by `up` into the node spec. `job`: what the
@@ -94,7 +106,9 @@ class LocalPod:
         run's id (default: a new run). `create_via` and `zones`: how recovery asks for the
         slice (the spec's `capacity`, as a stack's tpupod:createVia and tpupod:zones); `spot`:
         a spot node (else on-demand: host maintenance reboots it instead of ending it);
-        `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`)."""
+        `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`).
+        `iam_stack`: the stack whose IAM (identities, grants, enabled services) the pod's cloud
+        enforces (localpod.iam_policy)."""
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
@@ -107,6 +121,7 @@ class LocalPod:
         self.capacity = {"via": create_via, "zones": list(zones)}
         self.spot = spot
         self.queue_first = queue_first and create_via == "queued"
+        self.iam_stack = iam_stack
         self._controller: subprocess.Popen | None = None
         self._controller_start: int | None = None
 
@@ -176,6 +191,8 @@ class LocalPod:
         self.down()  # leftovers of a pod whose controller died
         self.paths.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.paths.storage, ignore_errors=True)  # a fresh bucket per pod
+        note(f"reading stack {self.iam_stack}'s IAM (identities, grants, services)")
+        self._write_policy()
         script = self.startup_script
         write_json(
             self.paths.config,
@@ -198,6 +215,18 @@ class LocalPod:
         except BaseException:
             self.down()
             raise
+
+    def _write_policy(self) -> iam_policy.Policy:
+        """The IAM the pod's cloud enforces: the stack's, as `pulumi up` would leave it, and a
+        new token key (tokens of an earlier pod are worthless here)."""
+        shutil.rmtree(self.paths.root / "iam", ignore_errors=True)
+        tokens.new_key(self.paths.root)
+        job_dir = self.job.source if Path(self.job.source).is_dir() else None  # else built-in
+        secrets = ",".join(sorted(set(self.job.spec.secrets.values())))
+        policy = iam_policy.load(self.iam_stack, self.stack, PROJECT_ID, self.bucket, job_dir,
+                                 secrets)  # fmt: skip
+        write_json(self.paths.root / POLICY_FILE, policy.to_json())
+        return policy
 
     def _start_controller(self, deadline: float) -> None:
         # The pod's machinery (controller, emulator, and the worker agents it starts at every
@@ -225,8 +254,9 @@ class LocalPod:
         """Upload the bundle and write node-spec.json: what `pulumi up` does on GCP."""
         pod = self._live_pod()
         bundle = build_bundle(job=self.job)
-        storage.upload_bundle(pod["emulator_url"], self.bucket, bundle)
-        env_seed.plant(pod["emulator_url"], self.bucket)
+        token = operator_token(self.endpoints())  # `pulumi up` runs as the operator
+        storage.upload_bundle(pod["emulator_url"], self.bucket, bundle, token)
+        env_seed.plant(pod["emulator_url"], self.bucket, token=token)
         if isinstance(script, Path):
             script = script.read_text()
         elif script is None:
@@ -255,10 +285,17 @@ class LocalPod:
                 "schedulingConfig": {"spot": True} if self.spot else {},
                 "labels": {"tpupod-stack": self.stack},
                 "metadata": node_metadata,
+                "serviceAccount": {
+                    "email": self._policy().accounts["workers"],
+                    "scope": [CLOUD_PLATFORM],
+                },  # fmt: skip
             },
         }
         write_json(self.paths.node_spec, spec)
         return spec
+
+    def _policy(self) -> iam_policy.Policy:
+        return iam_policy.Policy.from_json(read_json(self.paths.root / POLICY_FILE) or {})
 
     def down(self) -> bool:
         """Stop everything the pod started, by pid; True when something was running."""
@@ -267,8 +304,9 @@ class LocalPod:
         watcher_vm.stop(self.paths.root)  # `local up --watcher`: the watcher VM goes first
         pod = self._pod()
         if pod and env_seed.seed_dir() is not None:
-            with contextlib.suppress(OSError, ValueError, KeyError):  # a dead emulator: no seed
-                env_seed.harvest(pod["emulator_url"], pod.get("bucket", self.bucket))
+            with contextlib.suppress(OSError, ValueError, KeyError, PodError):  # no emulator
+                token = operator_token(read_json(self.paths.endpoints) or {})
+                env_seed.harvest(pod["emulator_url"], pod.get("bucket", self.bucket), token)
         controllers = []
         if pod:
             controllers.append((pod["controller_pid"], pod["controller_start"]))

@@ -12,6 +12,7 @@ from infra import job as jobs
 from infra import metadata
 from infra.bundle_archive import PROJECT_ROOT, build_bundle
 from localpod import storage, tpu_client
+from localpod.identities import operator_token
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState, read_json, write_json
 
@@ -42,7 +43,8 @@ def publish(pod: LocalPod, job: jobs.Job | None = None, root: Path = PROJECT_ROO
     old = node_metadata.get(metadata.BUNDLE_SHA256)
     if old == bundle.sha256:
         return {"old": old, "new": bundle.sha256, "changed": False}
-    storage.upload_bundle(info.pod["emulator_url"], info.pod.get("bucket", pod.bucket), bundle)
+    storage.upload_bundle(info.pod["emulator_url"], info.pod.get("bucket", pod.bucket), bundle,
+                          operator_token(pod.endpoints()))  # fmt: skip
     node_metadata |= {
         metadata.BUNDLE_OBJECT: bundle.object_name,
         metadata.BUNDLE_SHA256: bundle.sha256,

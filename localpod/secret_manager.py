@@ -11,54 +11,44 @@ writes one there (what `gcloud secrets versions add` does on GCP), before or aft
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from localpod.loopback import LoopbackServer
+from localpod.gcp_errors import ApiError
+from localpod.loopback import JsonApiHandler, LoopbackServer
 
 ENDPOINT_ENV = "TPUPOD_SECRETMANAGER_ENDPOINT"
 _ACCESS = re.compile(r"/v1/projects/(?P<project>[^/]+)/secrets/(?P<secret>[A-Za-z0-9_-]+)"
                      r"/versions/(?P<version>[^/:]+):access")  # fmt: skip
+METHOD = "secretmanager.projects.secrets.versions.access"
+RPC = "google.cloud.secretmanager.v1.SecretManagerService.AccessSecretVersion"
+VERSION_TYPE = "secretmanager.googleapis.com/SecretVersion"
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonApiHandler):
     server: SecretManagerServer
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - quiet: values pass here
-        pass
-
-    def _reply(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorized(self) -> bool:
-        if (self.headers.get("Authorization") or "").startswith("Bearer "):
-            return True
-        self._reply(401, _error(401, "UNAUTHENTICATED", "Request is missing a bearer token."))
-        return False
+    service = "secretmanager.googleapis.com"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         match = _ACCESS.fullmatch(urlsplit(self.path).path)
         if match is None:
-            return self._reply(404, _error(404, "NOT_FOUND", f"No method GET {self.path}."))
-        if not self._authorized():
-            return None
+            return self.reply(404, _error(404, "NOT_FOUND", f"No method GET {self.path}."))
         name = f"projects/{match['project']}/secrets/{match['secret']}"
+        version = f"{name}/versions/{match['version']}"
+        gate = self.server.gate
+        try:
+            self.authorize(METHOD, RPC, gate.targets(METHOD, version, VERSION_TYPE) if gate else [])
+        except ApiError as err:
+            return self.reply_error(err)
         path = self.server.directory / match["secret"]
         if match["version"] not in ("latest", "1") or not path.is_file():
-            return self._reply(404, _error(404, "NOT_FOUND", f"Secret [{name}] not found or "
-                                           "has no versions."))  # fmt: skip
+            return self.reply(404, _error(404, "NOT_FOUND", f"Secret [{name}] not found or "
+                                          "has no versions."))  # fmt: skip
         data = path.read_bytes()
-        self._reply(200, {"name": f"{name}/versions/1",
-                          "payload": {"data": base64.b64encode(data).decode()}})  # fmt: skip
+        self.reply(200, {"name": f"{name}/versions/1",
+                         "payload": {"data": base64.b64encode(data).decode()}})  # fmt: skip
 
 
 def _error(code: int, status: str, message: str) -> dict:
@@ -78,6 +68,6 @@ def write_secret(directory: Path, secret: str, data: bytes) -> None:
 class SecretManagerServer(LoopbackServer):
     """`url` is the API root (Google's: https://secretmanager.googleapis.com)."""
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(_Handler)
+    def __init__(self, directory: Path, gate=None) -> None:
+        super().__init__(_Handler, gate)
         self.directory = Path(directory)

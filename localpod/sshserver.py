@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import socket
 import struct
 import subprocess
 import termios
@@ -172,7 +173,9 @@ class _LoginServer(asyncssh.SSHServer):
     def begin_auth(self, username: str) -> bool:
         if username == self._user.name and self._conn is not None:
             self._conn.set_authorized_keys(str(self._authorized_keys))
-        elif self._conn is not None and (imported := oslogin.authorized_keys_for(username)):
+        elif self._conn is not None and (
+            imported := oslogin.authorized_keys_for(username, instance=socket.gethostname())
+        ):
             # OS Login: a service account's POSIX user, with the keys it imported (only those)
             self._conn.set_authorized_keys(str(imported))
         return True

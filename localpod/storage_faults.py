@@ -16,7 +16,6 @@ requests were seen and how many of each fault were injected, so a test can show 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import socket
@@ -25,6 +24,8 @@ import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from localpod.loopback import send_json
 
 CONTROL_PATH = "/_tpupod/faults"
 ENV = "TPUPOD_STORAGE_FAULTS"
@@ -85,24 +86,15 @@ def plan_from_env() -> FaultPlan:
                          '{"rate": 0.05, "kinds": ["429", "503", "drop"]}') from None  # fmt: skip
 
 
-def _reply(handler, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    handler.send_response(status)
-    handler.send_header("Content-Type", "application/json; charset=UTF-8")
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
 def control(gate: FaultGate, handler, method: str, body: bytes | None) -> None:
     """The `/_tpupod/faults` endpoint: GET reports, POST replaces the plan (400 on a bad one)."""
     if method == "POST":
         try:
             gate.set(FaultPlan.model_validate_json(body or b"{}"))
         except ValueError as e:
-            _reply(handler, 400, {"error": {"code": 400, "message": str(e).splitlines()[0]}})
+            send_json(handler, 400, {"error": {"code": 400, "message": str(e).splitlines()[0]}})
             return
-    _reply(handler, 200, gate.report())
+    send_json(handler, 200, gate.report())
 
 
 def inject(gate: FaultGate, handler) -> bool:
@@ -120,6 +112,6 @@ def inject(gate: FaultGate, handler) -> bool:
         return True
     code, reason = _REASON[kind]
     handler.close_connection = False
-    _reply(handler, code, {"error": {"code": code, "message": f"injected {kind} (tpupod)",
+    send_json(handler, code, {"error": {"code": code, "message": f"injected {kind} (tpupod)",
                                      "errors": [{"reason": reason}]}})  # fmt: skip
     return True

@@ -1,13 +1,14 @@
 """The pod's own calls to its Cloud TPU API, made with Google's client exactly as ops makes them.
 
-google-cloud-tpu over REST with anonymous credentials at the pod's `tpu_api`; imported lazily
-because the client library takes a second or two to import.
+google-cloud-tpu over REST with the operator's token (what `pulumi up` runs as) at the pod's
+`tpu_api`; imported lazily because the client library takes a second or two to import.
 """
 
 from __future__ import annotations
 
 import json
 
+from localpod.identities import operator_token
 from localpod.state import PodError
 
 POLL_INITIAL_S = 0.1
@@ -16,12 +17,12 @@ POLL_MAXIMUM_S = 1.0
 
 def client(endpoints: dict):
     """A TpuClient for the pod whose endpoints.json is `endpoints`."""
-    import google.auth.credentials
     from google.cloud import tpu_v2
+    from google.oauth2.credentials import Credentials
 
     return tpu_v2.TpuClient(
         transport="rest",
-        credentials=google.auth.credentials.AnonymousCredentials(),
+        credentials=Credentials(token=operator_token(endpoints)),
         client_options={"api_endpoint": endpoints["tpu_api"].rstrip("/")},
     )
 

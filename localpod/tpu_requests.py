@@ -8,19 +8,9 @@ from __future__ import annotations
 import re
 
 from infra import catalog
+from localpod.gcp_errors import HTTP_STATUS, ApiError  # noqa: F401 - re-exported
 from localpod.metadata_server import ZONE
 
-# google.rpc.Code names -> HTTP status, as Google's REST front end maps them.
-HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400,
-    "FAILED_PRECONDITION": 400,
-    "PERMISSION_DENIED": 403,
-    "NOT_FOUND": 404,
-    "ALREADY_EXISTS": 409,
-    "RESOURCE_EXHAUSTED": 429,
-    "UNIMPLEMENTED": 501,
-    "UNAVAILABLE": 503,
-}
 # Node fields a request may set; the output-only ones are ignored, as Google does.
 INPUT_FIELDS = frozenset((
     "description", "acceleratorType", "runtimeVersion", "networkConfig", "networkConfigs",
@@ -41,17 +31,6 @@ MESSAGE_FIELDS = {
     "acceleratorConfig": {"type", "topology"},
 }
 NODE_ID = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
-class ApiError(Exception):
-    def __init__(self, status: str, message: str, details: list | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.details = status, message, details or []
-
-    def body(self) -> dict:
-        code = HTTP_STATUS[self.status]
-        error = {"code": code, "message": self.message, "status": self.status}
-        return {"error": {**error, "details": self.details} if self.details else error}
 
 
 def not_found(name: str) -> ApiError:

@@ -22,15 +22,15 @@ import sys
 import time
 from pathlib import Path
 
-from localpod import procs
+from localpod import identities, procs, tokens
+from localpod.authz import POLICY_FILE
+from localpod.iam_policy import Policy
 from localpod.metadata_server import MetadataServer, MetadataStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bootstrap" / "watcher-startup.sh"
 UNIT = ROOT / "bootstrap" / "tpupod-watcher.service"
-HOST_OCTET = 200
 HOLDER = "tpupod-local-watcher"
-ACCOUNT = "tpupod-local-watch@tpupod-local.iam.gserviceaccount.com"
 
 
 def vm_dir(pod_dir: Path) -> Path:
@@ -38,9 +38,8 @@ def vm_dir(pod_dir: Path) -> Path:
 
 
 def address(pod: dict) -> str:
-    """127.0.K.200 in the pod's own 127.0.K.0/24."""
-    first = pod["addresses"][0]
-    return first.rsplit(".", 1)[0] + f".{HOST_OCTET}"
+    """Its address in the pod's own 127.0.K.0/24 (localpod.controller chose it)."""
+    return pod["watcher_address"]
 
 
 def metadata(pod_dir: Path, endpoints: dict) -> dict[str, str]:
@@ -56,6 +55,15 @@ def metadata(pod_dir: Path, endpoints: dict) -> dict[str, str]:
     }
 
 
+def account(pod_dir: Path) -> str:
+    """The stack's watcher service account (the pod's IAM policy)."""
+    return _policy(pod_dir).accounts["watcher"]
+
+
+def _policy(pod_dir: Path) -> Policy:
+    return Policy.from_json(json.loads((Path(pod_dir) / POLICY_FILE).read_text()))
+
+
 def run(pod_dir: Path) -> int:
     pod_dir = Path(pod_dir).resolve()
     pod = json.loads((pod_dir / "pod.json").read_text())
@@ -63,9 +71,9 @@ def run(pod_dir: Path) -> int:
     here = vm_dir(pod_dir)
     root = here / "root"
     root.mkdir(parents=True, exist_ok=True)
-    store = MetadataStore()
+    store = MetadataStore(token_key=tokens.read_key(pod_dir))
     store.set_attributes({0: metadata(pod_dir, endpoints)}, {0: HOLDER})
-    store.set_node(service_account=ACCOUNT, node_id="tpupod-local-watcher")
+    store.set_node(service_account=account(pod_dir), node_id="tpupod-local-watcher")
     ip = address(pod)
     server = MetadataServer([ip], pod["metadata_port"], store)
     server.start()
@@ -73,7 +81,7 @@ def run(pod_dir: Path) -> int:
         **os.environ,
         "TPUPOD_ROOT": str(root),
         "GCE_METADATA_HOST": f"{ip}:{pod['metadata_port']}",
-        "STORAGE_EMULATOR_HOST": endpoints["storage"],
+        "STORAGE_EMULATOR_HOST": f"http://{ip}:{pod['emulator_port']}",  # its own URL
         "TPUPOD_OSLOGIN_ENDPOINT": endpoints["oslogin"],
         "TPUPOD_POD_DIR": str(pod_dir),
         "TPUPOD_WATCH_HOLDER": HOLDER,
@@ -106,6 +114,7 @@ def run(pod_dir: Path) -> int:
 def start(pod_dir: Path, watch_args: str | None = None) -> int:
     """The watcher VM, detached; its pid (also in watcher/vm.pid). `watch_args`: extra
     `tpupod watch` flags (TPUPOD_WATCH_ARGS), e.g. the demo's shorter hang timeout."""
+    identities.add_watcher(pod_dir, _policy(pod_dir), Path(pod_dir) / "endpoints.json")
     here = vm_dir(pod_dir)
     here.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **({"TPUPOD_WATCH_ARGS": watch_args} if watch_args is not None else {})}

@@ -82,7 +82,7 @@ def boot(
             image=image_bin(paths.root),
             tpupod_root=paths.tpupod_root(index),
             metadata_host=f"{address}:{layout['metadata_port']}",
-            emulator_url=layout["emulator_url"],
+            emulator_url=f"http://{address}:{layout['emulator_port']}",  # its own URL
             devices_per_worker=layout["devices_per_worker"],
             secretmanager_url=layout.get("secretmanager_url"),
         ),

@@ -29,6 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ops.cli import CliError
+from ops.credentials import credentials
+from ops.provider import ProviderError
 from ops.target import LOCAL, default_pod_dir
 from trainer import manifest
 
@@ -69,17 +71,20 @@ def locate(args: argparse.Namespace) -> Run:
         try:
             ep = json.loads(path.read_text())
             url, bucket = ep["storage"].rstrip("/"), ep["bucket"]
+            token_file = ep["identities"]["operator"]["token_file"]
         except OSError:
             raise CliError(f"no local pod is up in {path.parent} (run `tpupod local up`)") from None
         except (ValueError, KeyError) as err:
             raise CliError(f"{path}: unreadable endpoints ({err!r}); restart the pod") from None
-        from google.auth.credentials import AnonymousCredentials
-
-        # tensorstore (the readability check) finds the emulator through these.
+        try:
+            creds = credentials(token_file)
+        except ProviderError as err:
+            raise CliError(str(err)) from None
+        # tensorstore (the readability check) finds the emulator, and sends the operator's
+        # token, through these.
         os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
-        os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "anonymous")
-        client = storage.Client(project=ep.get("project", "tpupod-local"),
-                                credentials=AnonymousCredentials(),
+        os.environ["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = creds.token
+        client = storage.Client(project=ep.get("project", "tpupod-local"), credentials=creds,
                                 client_options={"api_endpoint": url})  # fmt: skip
         workdir = args.workdir or run_dir_of(ep, path)
     else:

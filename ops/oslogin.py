@@ -67,24 +67,26 @@ def metadata_email() -> str:
         raise OsLoginError(f"no service account email from the metadata server: {err}") from None
 
 
-def import_key(endpoint: str, email: str, public_key: str, ttl_hours: float = 0) -> str:
-    """users.importSshPublicKey; returns the primary POSIX username."""
+def import_key(endpoint: str, email: str, public_key: str, ttl_hours: float = 0,
+               token_file: str | None = None) -> str:  # fmt: skip
+    """users.importSshPublicKey as `email` itself (a user manages its own login profile only);
+    returns the primary POSIX username. Credentials: `token_file`'s, else the VM's own account
+    (its metadata server), as on GCP (ops.credentials)."""
     from google.auth.transport.requests import AuthorizedSession
 
-    if endpoint == GOOGLE:
-        import google.auth
+    from ops.credentials import credentials
+    from ops.provider import ProviderError
 
-        credentials, _ = google.auth.default(scopes=SCOPES)
-    else:  # the local pod's stand-in takes no credentials
-        from google.auth.credentials import AnonymousCredentials
-
-        credentials = AnonymousCredentials()
+    try:
+        creds = credentials(token_file)
+    except ProviderError as err:
+        raise OsLoginError(str(err)) from None
     body: dict = {"key": public_key}
     if ttl_hours:
         body["expirationTimeUsec"] = str(int((time.time() + ttl_hours * 3600) * 1e6))
     url = f"{endpoint}/v1/users/{urllib.parse.quote(email, safe='@')}:importSshPublicKey"
     try:
-        response = AuthorizedSession(credentials).post(url, json=body, timeout=30)
+        response = AuthorizedSession(creds).post(url, json=body, timeout=30)
     except OSError as err:
         raise OsLoginError(f"OS Login API at {endpoint} unreachable: {err}") from None
     if response.status_code != 200:

@@ -13,8 +13,8 @@
 
 The bucket is the one named in the node spec's metadata (`tpupod-bucket`). On GCP the client uses
 Application Default Credentials (the watcher VM's own service account, which may write this prefix
-only); on the local pod it talks to the pod's GCS emulator (endpoints.json `storage`) with
-anonymous credentials. One code path for both: no local-file fallback.
+only); on the local pod it talks to the pod's GCS emulator with the same credentials rule
+(ops.credentials). One code path for both: no local-file fallback.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import threading
 import time
 from dataclasses import asdict
@@ -30,10 +31,12 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import storage
 
+from ops.credentials import credentials
 from ops.provider import ProviderError
 from ops.target import Target
 from ops.watch.incident import WatchState, state_from_dict
 
+NO_BUCKET_METADATA = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
 BUCKET_KEY = "tpupod-bucket"  # infra.metadata.BUCKET: the spec's metadata names the bucket
 STORAGE_ERRORS = (gexc.GoogleAPIError, OSError)
 CALL_TIMEOUT = 20.0
@@ -57,26 +60,13 @@ def bucket_name(target: Target) -> str:
 def open_bucket(target: Target) -> storage.Bucket:
     """The stack's bucket through google-cloud-storage (the emulator's on the local pod)."""
     endpoint = getattr(target, "storage_endpoint", None)
-    if endpoint:
-        from google.auth.credentials import AnonymousCredentials
-
-        client = storage.Client(
-            project=target.project,
-            credentials=AnonymousCredentials(),
-            client_options={"api_endpoint": endpoint},
-        )
-    else:
-        import google.auth
-        from google.auth.exceptions import DefaultCredentialsError
-
-        try:
-            credentials, _ = google.auth.default()
-        except DefaultCredentialsError:
-            raise ProviderError(
-                "no Google credentials for the stack's bucket: run "
-                "`gcloud auth application-default login`"
-            ) from None
-        client = storage.Client(project=target.project, credentials=credentials)
+    options = {"api_endpoint": endpoint} if endpoint else None
+    # google-cloud-storage otherwise fetches the bucket's metadata in the background for its
+    # telemetry: storage.buckets.get, which the watcher's grants (objects under its prefix)
+    # rightly lack, so every start would leave a denied call in the project's audit log.
+    os.environ.setdefault(NO_BUCKET_METADATA, "true")
+    creds = credentials(getattr(target, "token_file", None))
+    client = storage.Client(project=target.project, credentials=creds, client_options=options)
     return client.bucket(bucket_name(target))
 
 

@@ -1,7 +1,7 @@
 """The slice a command acts on: which TPU API, which node, the spec to recreate it, how to SSH.
 
-`--stack local` reads the local pod's `endpoints.json` (its TPU API on loopback, anonymous
-credentials); any other stack is a Pulumi stack on GCP (Google's endpoint, ADC), whose outputs
+`--stack local` reads the local pod's `endpoints.json` (its TPU API on loopback; the operator's
+token file, or on one of the pod's VMs its own service account: ops.credentials); any other stack is a Pulumi stack on GCP (Google's endpoint, ADC), whose outputs
 are read once with `pulumi stack output --json` and cached beside the journal, or come from
 `--spec FILE` on a machine without the Pulumi CLI. Recovery needs nothing else: no repo, no Pulumi.
 """
@@ -55,7 +55,7 @@ class Target:
     spec: dict  # Contract 2: {"parent", "node_id", "node"}
     ssh: SshSettings
     api_endpoint: str | None = None  # None: Google's default endpoint
-    anonymous: bool = False  # the local pod's API takes no credentials
+    token_file: str | None = None  # a bearer token to send (ops.credentials); None: ADC
     storage_endpoint: str | None = None  # the local pod's GCS emulator; None: Google's
 
     @property
@@ -155,11 +155,19 @@ def local_target(pod_dir: Path) -> Target:
                 ports={ip: int(port) for ip, port in ssh.get("ports", {}).items()},
             ),
             api_endpoint=ep["tpu_api"].rstrip("/"),
-            anonymous=True,
-            storage_endpoint=ep.get("storage"),
+            token_file=_local_token_file(ep),
+            storage_endpoint=os.environ.get("STORAGE_EMULATOR_HOST") or ep.get("storage"),
         )
     except (ValueError, KeyError, TypeError) as err:
         raise ProviderError(f"{path}: unreadable endpoints ({err!r}); restart the pod") from None
+
+
+def _local_token_file(ep: dict) -> str | None:
+    """The operator's token, unless this process runs on one of the pod's VMs (its metadata
+    server set): there the VM's own service account acts, as on GCP."""
+    if os.environ.get("GCE_METADATA_HOST"):
+        return None
+    return ep["identities"]["operator"]["token_file"]
 
 
 def read_spec(path: Path) -> dict:

@@ -1,7 +1,7 @@
 """The one provider: the Cloud TPU v2 API through Google's client (google-cloud-tpu, REST).
 
 On GCP it uses Application Default Credentials and Google's endpoint; for the local pod the
-pod's own copy of the API on loopback with anonymous credentials. Describe reads the live node
+pod's own copy of the API on loopback with the operator's token (ops.credentials). Describe reads the live node
 (state, health, networkEndpoints) and its guest attributes (each worker's instance name and SSH
 host key, as `gcloud compute tpus tpu-vm ssh` does); recreate is delete + create from the node
 spec the Pulumi program exported, under the same name. Every call is short: long-running
@@ -21,11 +21,11 @@ from google.cloud import tpu_v2
 
 from infra import metadata
 from ops import queued
+from ops.credentials import credentials
 from ops.provider import ProviderError, SliceInfo, SliceState, Worker
 from ops.target import Target
 from ops.tpu_errors import is_stockout, judged, refused
 
-SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 CALL_TIMEOUT = 30.0
 
 
@@ -281,20 +281,6 @@ def symptoms(node: tpu_v2.Node) -> list[str]:
 
 
 def make_client(target: Target) -> tpu_v2.TpuClient:
-    if target.anonymous:
-        from google.auth.credentials import AnonymousCredentials
-
-        credentials = AnonymousCredentials()
-    else:
-        import google.auth
-        from google.auth.exceptions import DefaultCredentialsError
-
-        try:
-            credentials, _ = google.auth.default(scopes=SCOPES)
-        except DefaultCredentialsError:
-            raise ProviderError(
-                "no Google credentials: run `gcloud auth application-default login` "
-                "(or set GOOGLE_APPLICATION_CREDENTIALS to a service account key)"
-            ) from None
+    creds = credentials(target.token_file)
     options = {"api_endpoint": target.api_endpoint} if target.api_endpoint else None
-    return tpu_v2.TpuClient(transport="rest", credentials=credentials, client_options=options)
+    return tpu_v2.TpuClient(transport="rest", credentials=creds, client_options=options)

@@ -18,9 +18,13 @@ STOCKOUT_MARKERS = ("no more capacity", "stockout", "insufficient capacity", "re
 RESOURCE_EXHAUSTED = 8
 RETRIED_400S = {"FAILED_PRECONDITION", "OUT_OF_RANGE"}  # the state, not the request, is wrong
 PERMISSION_HINT = (
-    "the caller lacks TPU API rights on {name}: grant roles/tpu.admin (or tpu.nodes.get/create/"
-    "delete, tpu.queuedResources.get/create/delete, tpu.operations.get) and "
-    "roles/iam.serviceAccountUser on the worker service account"
+    "the caller lacks {permission} on {name}: grant roles/tpu.admin (or tpu.nodes.get/list/"
+    "create/delete and tpu.operations.get; queued resources need the same tpu.nodes.* "
+    "permissions) and roles/iam.serviceAccountUser on the worker service account"
+)
+DISABLED_HINT = (
+    "{service} is not enabled in the project: enable it (`gcloud services enable {service}`; the "
+    "stack's ProjectServices does at `pulumi up`)"
 )
 QUOTA_HINT = (
     "raise it under IAM & Admin > Quotas (filter: TPU) or list another zone in tpupod:zones"
@@ -78,7 +82,7 @@ def judged(err: Exception, what: str, name: str, endpoint: str | None) -> Except
         if status_of(err) in RETRIED_400S:  # a 400 a later try can pass (a node busy)
             return ProviderError(f"TPU API {what} {name}: {one_line(err)}")
         if isinstance(err, gexc.Forbidden):  # over REST a 403 is Forbidden, not its subclass
-            return Refused(PERMISSION_HINT.format(name=name))
+            return Refused(forbidden(err, name))
         return Refused(f"TPU API {what} {name} refused the request: {one_line(err)}; fix the "
                        "stack's node spec and deploy again")  # fmt: skip
     if isinstance(err, gexc.GoogleAPIError):
@@ -87,6 +91,26 @@ def judged(err: Exception, what: str, name: str, endpoint: str | None) -> Except
         return ProviderError(f"TPU API at {endpoint or 'tpu.googleapis.com'} unreachable: "
                              f"{one_line(err)}")  # fmt: skip
     return err
+
+
+def error_info(err: gexc.GoogleAPICallError) -> dict:
+    """The body's google.rpc.ErrorInfo ({} when it has none). Over REST google-api-core keeps it
+    as a dict, and its `reason`/`metadata` properties fail on one: read the body instead."""
+    try:
+        details = err.response.json()["error"].get("details") or []
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
+    return next((d for d in details if str(d.get("@type", "")).endswith("rpc.ErrorInfo")), {})
+
+
+def forbidden(err: gexc.GoogleAPICallError, name: str) -> str:
+    """What a 403 says to fix: the API to enable, or the permission the caller lacks."""
+    info = error_info(err)
+    meta = info.get("metadata") or {}
+    if info.get("reason") == "SERVICE_DISABLED":
+        return DISABLED_HINT.format(service=meta.get("service", "tpu.googleapis.com"))
+    permission = meta.get("permission") or "a TPU API permission"
+    return PERMISSION_HINT.format(permission=permission, name=meta.get("resource") or name)
 
 
 def status_of(err: gexc.GoogleAPICallError) -> str | None:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("infra", "bootstrap", "trainer", "ops")
+PRODUCT = ("contract", "infra", "bootstrap", "trainer", "ops")
 TEST_BED = ("localpod", "bench")
 _BY_NAME = re.compile(rf"^({'|'.join(TEST_BED)})(\.\w+)*(:\w+)?$")
 
@@ -57,6 +57,30 @@ def violations_in(repo: Path, roots) -> list[str]:
 
 
 PACKAGES = (*PRODUCT, *TEST_BED)
+TPUPOD = (*PACKAGES, "tools", "demo")
+
+
+def leaf_violations(repo: Path, leaf: str = "contract") -> list[str]:
+    """Imports of any tpupod package from `leaf` (what every side imports must import none)."""
+    return [f"{path.relative_to(repo)}:{line}: {module}"
+            for path in sorted((repo / leaf).rglob("*.py"))
+            for line, module in imports(path)
+            if module.split(".")[0] in TPUPOD and module.split(".")[0] != leaf]  # fmt: skip
+
+
+def test_contract_imports_nothing_of_tpupod():
+    assert (REPO / "contract").is_dir()
+    assert leaf_violations(REPO) == []
+
+
+def test_the_leaf_rule_sees_an_import(tmp_path):
+    """A negative control: a contract module importing infra (or ops, in a function) is caught."""
+    (tmp_path / "contract").mkdir()
+    (tmp_path / "contract" / "m.py").write_text(
+        "import json\nfrom infra import catalog\ndef f():\n    import ops.tpu\n"
+    )
+    found = [v.split(": ", 1)[1] for v in leaf_violations(tmp_path)]
+    assert found == ["infra", "ops.tpu"]
 
 
 def module_graph(repo: Path, roots) -> dict[str, set[str]]:

@@ -26,7 +26,8 @@ import fabric
 import pytest
 
 from infra import metadata
-from localpod import procs, storage
+from localpod import procs, storage, tokens
+from localpod.identities import operator_token
 from localpod.metadata_server import MetadataServer, MetadataStore
 from localpod.pod import LocalPod, WorkerInfo
 from ops.target import local_target
@@ -149,8 +150,9 @@ def changed_metadata(pod: LocalPod, **changes: str | None):
             else:
                 attrs[key] = value
         attributes[i] = attrs
-    store = MetadataStore()
+    store = MetadataStore(token_key=tokens.read_key(pod.paths.root))  # the pod's tokens
     store.set_attributes(attributes, {i: f"tpupod-local-w-{i}" for i in attributes})
+    store.set_node(service_account=pod.endpoints()["identities"]["worker-0"]["email"])
     port = procs.free_port_on_all(addresses)
     server = MetadataServer(addresses, port, store)
     server.start()
@@ -172,10 +174,11 @@ def wait_for_object(pod: LocalPod, uri: str, timeout: float = 120.0) -> None:
     info = pod.describe()
     bucket, _, name = uri.removeprefix("gs://").partition("/")
     url = f"{info.pod['emulator_url']}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+    request = urllib.request.Request(url, headers=storage.auth(operator_token(pod.endpoints())))
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=10):
+            with urllib.request.urlopen(request, timeout=10):
                 return
         except urllib.error.HTTPError as e:
             assert e.code == 404 and time.monotonic() < deadline, f"no {uri} after {timeout}s"
@@ -242,7 +245,8 @@ def test_local_pod_new_bundle_hash_fetches_and_restarts(local_pod, bundles):
     old_pids = [int((root / "job.pid").read_text()) for root in roots]
     # Worker 0's trainer publishes its imports' bytecode; the new bundle's venv restores it.
     wait_for_object(local_pod, bytecode_marker(roots[0])["uri"])
-    storage.upload_bundle(info.pod["emulator_url"], info.pod["bucket"], new)
+    storage.upload_bundle(info.pod["emulator_url"], info.pod["bucket"], new,
+                          operator_token(local_pod.endpoints()))  # fmt: skip
     changes = {"tpupod-bundle-sha256": new.sha256, "tpupod-bundle-object": new.object_name}
     with changed_metadata(local_pod, **changes) as hosts:
         # Both workers at once: a multi-host job stops as a whole.

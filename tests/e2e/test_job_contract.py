@@ -115,8 +115,9 @@ def test_the_job_contract_end_to_end(tmp_path, capsys, monkeypatch):
             assert seen["TPUPOD_GRACE_S"] == "10"
             assert seen["TPUPOD_MAX_LOSS_S"] == "90"  # max_loss_minutes: 1.5
             assert seen["TPUPOD_COMPILE_CACHE"] == f"gs://{pod.bucket}/compile-cache/local"
-            assert seen["STORAGE_EMULATOR_HOST"] == endpoints["storage"]
-            assert seen["TENSORSTORE_GCS_HTTP_URL"] == endpoints["storage"]
+            own = f"http://{pod.describe().workers[i].host}:{pod.describe().pod['emulator_port']}"
+            assert seen["STORAGE_EMULATOR_HOST"] == own != endpoints["storage"]  # the VM's URL
+            assert seen["TENSORSTORE_GCS_HTTP_URL"] == own
             assert seen["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] == "false"
             assert seen["GREETING"] == "hello world"  # the job's own env
             assert seen["six"] == "1.16.0" and "/envs/uv-" in seen["prefix"]  # its own venv

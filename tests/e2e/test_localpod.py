@@ -12,12 +12,14 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from infra import metadata
-from localpod import procs, storage
+from localpod import procs, storage, tokens
 from localpod.demo.reference import pod_provider
+from localpod.identities import operator_token
 from localpod.pod import LocalPod
 from ops.provider import SliceState
 
@@ -64,7 +66,9 @@ def test_metadata_answers_each_worker_as_itself(pod: LocalPod, ssh_run) -> None:
         assert attributes[metadata.STARTUP_SCRIPT].startswith("#!/bin/bash")
         assert ssh_run(worker, MD.format("instance/preempted")) == "FALSE"
         token = json.loads(ssh_run(worker, MD.format("instance/service-accounts/default/token")))
-        assert token["access_token"] == "local"
+        email = pod.endpoints()["identities"][f"worker-{worker.index}"]["email"]
+        key = tokens.read_key(pod.paths.root)
+        assert tokens.verify(key, token["access_token"]) == (email, "")  # its account's
         # The startup script ran from metadata and saw its own number too.
         assert ssh_run(worker, 'cat "$TPUPOD_ROOT/booted"').strip() == str(worker.index)
 
@@ -83,25 +87,37 @@ def test_metadata_answers_each_worker_as_itself(pod: LocalPod, ssh_run) -> None:
 
 
 def test_bucket_object_written_by_one_worker_is_read_by_the_other(pod: LocalPod, ssh_run) -> None:
+    """Under the stack's grants (the run's prefix is the workers'), through each VM's own storage
+    URL and no token, as emulator-mode clients call it; outside those grants, 403."""
     info = pod.describe()
     bucket = info.pod["bucket"]
-    upload = (
-        f'echo "hello from $(hostname) $$" > /tmp/tpupod-e2e-$$ && curl -sf -X POST '
-        f'--data-binary @/tmp/tpupod-e2e-$$ -H "Content-Type: text/plain" '
-        f'"$STORAGE_EMULATOR_HOST/upload/storage/v1/b/{bucket}/o?uploadType=media&name=e2e/msg" '
-        f">/dev/null && cat /tmp/tpupod-e2e-$$ && rm /tmp/tpupod-e2e-$$"
-    )
-    written = ssh_run(info.workers[0], upload)
+    name = f"{pod.run_prefix}/e2e/msg"
+
+    def upload(object_name: str) -> str:
+        return (
+            f'echo "hello from $(hostname) $$" > /tmp/tpupod-e2e-$$ && curl -s -X POST '
+            f'--data-binary @/tmp/tpupod-e2e-$$ -H "Content-Type: text/plain" -o /dev/null '
+            f'-w "%{{http_code}} " "$STORAGE_EMULATOR_HOST/upload/storage/v1/b/{bucket}/o?'
+            f'uploadType=media&name={object_name}" && cat /tmp/tpupod-e2e-$$ && rm /tmp/tpupod-e2e-$$'
+        )
+
+    code, written = ssh_run(info.workers[0], upload(name)).split(" ", 1)
+    assert code == "200"
     read = ssh_run(
         info.workers[1],
-        f'curl -sf "$STORAGE_EMULATOR_HOST/storage/v1/b/{bucket}/o/e2e%2Fmsg?alt=media"',
+        f'curl -sf "$STORAGE_EMULATOR_HOST/storage/v1/b/{bucket}/o/{quote(name, safe="")}?alt=media"',
     )
     assert read == written and written.startswith("hello from")
+    # The code bundles are read-only to the workers, and nothing else of the bucket is theirs.
+    for elsewhere in ("bundles/forged.tar.gz", "e2e/msg"):
+        code, _ = ssh_run(info.workers[0], upload(elsewhere)).split(" ", 1)
+        assert code == "403", elsewhere
     # The code bundle is there, under the name and hash the metadata announces.
     attributes = json.loads(
         ssh_run(info.workers[1], MD.format("instance/attributes/?recursive=true"))
     )
-    data = storage.download(info.pod["emulator_url"], bucket, attributes[metadata.BUNDLE_OBJECT])
+    data = storage.download(info.pod["emulator_url"], bucket, attributes[metadata.BUNDLE_OBJECT],
+                            operator_token(pod.endpoints()))  # fmt: skip
     assert hashlib.sha256(data).hexdigest() == attributes[metadata.BUNDLE_SHA256]
 
 

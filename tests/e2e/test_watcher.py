@@ -17,7 +17,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from localpod import watcher_vm
+from localpod import identities, watcher_vm
+from localpod.authz import POLICY_FILE
+from localpod.iam_policy import Policy
 from localpod.pod import LocalPod
 from ops import oslogin
 from ops.remote_state import RemoteState
@@ -39,16 +41,32 @@ def ssh_as(worker, user: str, key_file: Path) -> str:
         client.close()
 
 
+def policy_of(pod: LocalPod) -> Policy:
+    return Policy.from_json(json.loads((pod.paths.root / POLICY_FILE).read_text()))
+
+
 def test_os_login_key_works_only_once_imported_and_only_for_its_user(pod_factory, tmp_path):
     pod = pod_factory()
     pod.up()
     endpoint = json.loads(pod.paths.endpoints.read_text())["oslogin"]
     worker = pod.describe().workers[0]
-    email = "tpupod-test-watch@tpupod-local.iam.gserviceaccount.com"
+    watcher = identities.add_watcher(pod.paths.root, policy_of(pod), pod.paths.endpoints)
     key = tmp_path / "watcher_key"
-    user = oslogin.import_key(endpoint, email, oslogin.ensure_key(key))
+    user = oslogin.import_key(endpoint, watcher["email"], oslogin.ensure_key(key),
+                              token_file=watcher["token_file"])  # as itself  # fmt: skip
     assert user.startswith("sa_")
-    assert ssh_as(worker, user, key) == "in"  # imported: OS Login lets it in
+    assert ssh_as(worker, user, key) == "in"  # imported, and roles/compute.osAdminLogin: in
+    # The workers' account may import a key to its own profile, but holds no OS Login role:
+    # OS Login refuses its login, whatever key it brings.
+    workers = pod.endpoints()["identities"]["worker-0"]
+    worker_key = tmp_path / "worker_key"
+    worker_user = oslogin.import_key(endpoint, workers["email"], oslogin.ensure_key(worker_key),
+                                     token_file=workers["token_file"])  # fmt: skip
+    with pytest.raises(paramiko.AuthenticationException):
+        ssh_as(worker, worker_user, worker_key)
+    with pytest.raises(oslogin.OsLoginError, match="403"):  # nobody manages another's profile
+        oslogin.import_key(endpoint, watcher["email"], oslogin.ensure_key(worker_key),
+                           token_file=workers["token_file"])  # fmt: skip
     stranger = tmp_path / "stranger_key"
     oslogin.ensure_key(stranger)
     with pytest.raises(paramiko.AuthenticationException):

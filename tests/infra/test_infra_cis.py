@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from infra import catalog, offline, policies
+from infra import catalog, offline, policies, policy_cis
 from infra.security import OS_LOGIN_METADATA
 
 STACKS = offline.stack_names()
@@ -79,6 +79,8 @@ def test_every_stack_carries_the_items(evaluations, stack):
 def test_removing_an_item_fires_its_rule(evaluations, stack, item):
     resource_type, remove, rule = REMOVALS[item]
     for resource in evaluations[stack].of_type(resource_type):
+        if resource_type == BUCKET_IAM and not policy_cis.reaches_objects(resource.inputs["role"]):
+            continue  # the bucket's metadata alone (roles/storage.bucketViewer): nothing to limit
         assert rule not in rules_fired(resource.type, resource.inputs, resource.protect)
         props = copy.deepcopy(resource.inputs)
         remove(props)
@@ -91,6 +93,15 @@ def test_removing_secure_boot_fires(evaluations, stack):
     props = copy.deepcopy(node.inputs)
     del props["shieldedInstanceConfig"]
     assert "tpupod-secure-boot" in rules_fired(node.type, props, node.protect)
+
+
+def test_only_roles_that_reach_objects_need_a_prefix():
+    """The catalog tells a bucket-metadata role (no condition needed) from an object role."""
+    whole = {"role": "roles/storage.bucketViewer", "bucket": "b", "member": "serviceAccount:x"}
+    assert "tpupod-bucket-grants-by-prefix" not in rules_fired(BUCKET_IAM, whole, False)
+    for role in ("roles/storage.objectViewer", "roles/storage.admin"):
+        props = {**whole, "role": role}
+        assert "tpupod-bucket-grants-by-prefix" in rules_fired(BUCKET_IAM, props, False)
 
 
 def test_a_type_the_catalog_does_not_know_is_not_held_to_secure_boot():

@@ -133,6 +133,7 @@ def test_network_bucket_identity(evaluations, stack):
     workers = [r for r in evaluation.resources if not r.name.startswith("watcher")]  # its own test
     roles = {r.inputs["role"] for r in workers if "role" in r.inputs}
     assert roles == {
+        "roles/storage.bucketViewer",  # the bucket's metadata alone: Orbax reads it
         "roles/storage.objectUser",
         "roles/storage.objectViewer",
         "roles/logging.logWriter",
@@ -155,7 +156,9 @@ def test_network_bucket_identity(evaluations, stack):
             f'resource.name.startsWith("{objects}{prefix}")'
             in grants[name]["condition"]["expression"]
         )
-    assert len(grants) == 4
+    assert grants["workers-bucket-metadata"]["role"] == "roles/storage.bucketViewer"
+    assert "condition" not in grants["workers-bucket-metadata"]  # no object access to limit
+    assert len(grants) == 5
     components = {r.urn for r in evaluation.resources if not r.custom}
     assert all(
         r.parent in components

@@ -10,6 +10,7 @@ import json
 import pulumi
 import pytest
 
+from contract import iam
 from infra import offline, policies
 from infra.security import OS_LOGIN_METADATA
 from infra.watcher import NODE_SPEC_KEY, TPU_PERMISSIONS
@@ -170,3 +171,34 @@ def test_watcher_metadata_is_far_below_the_limit(evaluations):
     for evaluation in evaluations.values():
         metadata = evaluation.one(INSTANCE).inputs["metadata"]
         assert sum(len(k) + len(v.encode()) for k, v in metadata.items()) < 128 * 1024
+
+
+def test_a_custom_role_naming_a_permission_iam_does_not_know_is_refused(monkeypatch):
+    """As IAM refuses it at `pulumi up` (HTTP 400): at evaluation, one line naming role and
+    permission, nothing of the watcher's role declared. The old role's first queued-resource
+    permission is the case; today's permissions are the negative control."""
+    from infra import watcher
+
+    monkeypatch.setattr(watcher, "TPU_PERMISSIONS", (*TPU_PERMISSIONS, "tpu.queuedResources.get"))
+    spoiled = offline.evaluate("v4-8", check=False)
+    assert isinstance(spoiled.error, pulumi.RunError)
+    message = str(spoiled.error)
+    assert "\n" not in message
+    assert "tpupodWatcher_v4_8" in message and "'tpu.queuedResources.get'" in message
+    assert not spoiled.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+    monkeypatch.undo()
+    assert offline.evaluate("v4-8").of_type("gcp:projects/iAMCustomRole:IAMCustomRole")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_role_a_stack_grants_is_one_iam_knows(evaluations, stack):
+    """Predefined roles from Google's catalog, custom roles from the stack, no permission IAM
+    would refuse."""
+    evaluation = evaluations[stack]
+    custom = {f"projects/{r.inputs['project']}/roles/{r.inputs['roleId']}": r.inputs["permissions"]
+              for r in evaluation.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}  # fmt: skip
+    for perms in custom.values():
+        assert iam.catalog().unknown(perms) == []
+    for r in evaluation.resources:
+        if "role" in r.inputs and r.type != "gcp:projects/iAMCustomRole:IAMCustomRole":
+            assert iam.catalog().role(r.inputs["role"], custom), (r.name, r.inputs["role"])

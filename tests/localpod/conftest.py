@@ -7,10 +7,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import google.auth.credentials
 import pytest
 from google.cloud import tpu_v2
+from google.oauth2.credentials import Credentials
 
+from localpod import identities
 from localpod.pod import LocalPod
 
 STARTUP_SCRIPT = r"""#!/bin/bash
@@ -42,10 +43,10 @@ def endpoints(pod: LocalPod) -> dict:
 
 @pytest.fixture(scope="module")
 def tpu(endpoints: dict) -> tpu_v2.TpuClient:
-    """Exactly Contract 3's client: REST, anonymous credentials, the pod's endpoint."""
+    """Exactly Contract 3's client: REST, the operator's token, the pod's endpoint."""
     return tpu_v2.TpuClient(
         transport="rest",
-        credentials=google.auth.credentials.AnonymousCredentials(),
+        credentials=Credentials(token=identities.operator_token(endpoints)),
         client_options={"api_endpoint": endpoints["tpu_api"].rstrip("/")},
     )
 

@@ -4,7 +4,9 @@ older committed step stands behind it (with none, a restore has nothing to fall 
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 from bench import faults as schedules
@@ -25,7 +27,11 @@ class FakePod:
         self.crashed: list[int] = []
 
     def endpoints(self) -> dict:
-        return {"storage": self.url, "bucket": BUCKET}
+        """A bare emulator's: any operator token goes (it enforces no IAM)."""
+        token = Path(tempfile.gettempdir()) / "tpupod-damage-test.token"
+        token.write_text("ya29.any\n")
+        operator = {"email": "operator@example.com", "token_file": str(token)}
+        return {"storage": self.url, "bucket": BUCKET, "identities": {"operator": operator}}
 
     def crash(self, worker: int) -> None:
         self.crashed.append(worker)

@@ -15,16 +15,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from localpod import procs
+from localpod import procs, tokens
 from localpod.metadata_server import MetadataServer, MetadataStore
 
 ADDRESSES = ["127.0.0.1", "127.0.0.2"]
 ACCOUNT = "trainer@proj-a.iam.gserviceaccount.com"
+KEY = b"k" * 32  # a pod's token key (localpod.tokens)
 
 
 @pytest.fixture
 def store() -> MetadataStore:
-    store = MetadataStore()
+    store = MetadataStore(token_key=KEY)
     attributes = {i: {"accelerator-type": "v4-16", "agent-worker-number": str(i)} for i in (0, 1)}
     store.set_attributes(attributes, {0: "t1v-n-0a1b2c3d-w-0", 1: "t1v-n-0a1b2c3d-w-1"})
     store.set_node(
@@ -148,4 +149,7 @@ def test_google_auth_compute_engine_credentials_refresh(hosts: list[str]) -> Non
     argv = [sys.executable, "-W", "ignore", "-c", code]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["local", ACCOUNT, "proj-a", "True"]
+    token, *rest = done.stdout.split()
+    assert rest == [ACCOUNT, "proj-a", "True"]
+    assert tokens.verify(KEY, token) == (ACCOUNT, "")  # the VM's token names its account
+    assert tokens.verify(b"another pod's key" * 2, token)[0] is None

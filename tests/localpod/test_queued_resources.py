@@ -104,7 +104,8 @@ def test_gcloud_files_lists_and_describes_a_queued_resource(pod, endpoints, spec
         return done.stdout
 
     gcloud("config", "set", "api_endpoint_overrides/tpu", endpoints["tpu_api"])
-    gcloud("config", "set", "auth/disable_credentials", "true")
+    gcloud("config", "set", "auth/access_token_file",
+           endpoints["identities"]["operator"]["token_file"])  # fmt: skip
     gcloud("config", "set", "project", endpoints["project"])
     zone = ["--zone", endpoints["zone"]]
     gcloud("compute", "tpus", "queued-resources", "create", "byhand", "--node-id", "local",

@@ -1,12 +1,14 @@
 """Every stack's exported node spec creates a working node on the local pod (issue 14).
 
-For each stack, `node_spec` is evaluated under Pulumi's mocks and sent AS EXPORTED through
-google-cloud-tpu (REST, anonymous credentials) to a local pod with one worker per host of the
-stack's accelerator type. The spec's bucket is created in the pod's GCS emulator with
-google-cloud-storage and given the code bundle the spec names (infra.bundle_archive's bytes, whose
-sha256 must be the spec's `tpupod-bundle-sha256`). The workers then run the spec's own
-`startup-script`, the real bootstrap/startup.sh, and it must reach state "ok" on every worker:
-the spec's metadata keys, bucket and bundle work, and its trainer starts.
+For each stack, `node_spec` is evaluated under Pulumi's mocks (in the pod's project) and sent AS
+EXPORTED through google-cloud-tpu (REST, the operator's token) to a local pod with one worker per
+host of the stack's accelerator type, whose cloud enforces that same stack's IAM (its service
+accounts, grants and enabled APIs, as `pulumi up` would leave them: localpod.iam_policy) and whose
+bucket is the stack's. The bucket is given the code bundle the spec names with
+google-cloud-storage (infra.bundle_archive's bytes, whose sha256 must be the spec's
+`tpupod-bundle-sha256`). The workers then run the spec's own `startup-script`, the real
+bootstrap/startup.sh, as the stack's worker service account, and it must reach state "ok" on every
+worker: the spec's metadata keys, bucket, bundle and grants work, and its trainer starts.
 
 Two metadata values of the request are overridden, because the workers are CPU processes on a
 2-core, 24 GiB machine; nothing else of the exported node changes:
@@ -21,8 +23,8 @@ Two metadata values of the request are overridden, because the workers are CPU p
 The node is deleted as soon as every worker's bootstrap is ok.
 
 Parent: Google's API refuses a create in a project the caller has no rights on, and this pod is
-one project and zone (Contract 1). The test re-parents the request to the pod's project/zone and
-keeps node_id and the node body as exported; it checks that the spec's own parent is refused.
+one project and zone (Contract 1). The test re-parents the request to the pod's zone and keeps
+node_id and the node body as exported; it checks that another project is refused.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import google.auth.credentials
 import pytest
 from google.api_core import exceptions
 from google.cloud import storage, tpu_v2
+from google.oauth2.credentials import Credentials
 
 from infra import catalog, offline
 from infra import metadata as keys
@@ -43,6 +45,8 @@ from infra.bundle_archive import Bundle, build_bundle
 from infra.config import parse, raw_from_config_map
 from infra.job import builtin
 from localpod import env_seed
+from localpod.identities import operator_token
+from localpod.metadata_server import PROJECT_ID
 from localpod.pod import LocalPod
 from localpod.state import PodError
 from localpod.tpu_client import client
@@ -76,7 +80,6 @@ def by_hosts() -> list:
 def variants(stack: str) -> list[dict]:
     """The stack's spec under other settings a stack file may carry: a network given as a self
     link (exported as full resource paths) and every other provisioning model."""
-    base = offline.stack_config(stack)
     network = {
         "tpupod:existingNetwork": "https://www.googleapis.com/compute/v1/"
         "projects/p/global/networks/n",
@@ -85,23 +88,28 @@ def variants(stack: str) -> list[dict]:
     configs = [network] + [
         {"tpupod:provisioning": p} for p in ("preemptible", "reserved", "on-demand")
     ]
-    return [offline.evaluate(stack, {**base, **c}).values["node_spec"] for c in configs]
+    return [exported(stack, **c) for c in configs]
+
+
+def exported(stack: str, **config: str) -> dict:
+    """The stack's node spec as `pulumi up` exports it in the pod's project."""
+    base = offline.stack_config(stack, project=PROJECT_ID)
+    return offline.evaluate(stack, {**base, **config}).values["node_spec"]
 
 
 class Pods:
-    """One local pod at a time, of the size asked for; the previous one goes down first."""
+    """One local pod at a time, for one stack (its size, IAM and bucket); the previous one goes
+    down first."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.current: LocalPod | None = None
 
-    def sized(self, workers: int) -> LocalPod:
-        if self.current is not None and self.current.workers == workers:
-            return self.current
+    def for_stack(self, stack: str, workers: int, bucket: str) -> LocalPod:
         self.down()
-        self.current = LocalPod(
-            self.root / f"pod-{workers}", workers=workers, startup_script=IDLE_SCRIPT
-        )
+        self.current = LocalPod(self.root / f"pod-{stack}", workers=workers,
+                                startup_script=IDLE_SCRIPT, stack=stack, bucket=bucket,
+                                iam_stack=stack)  # fmt: skip
         self.current.up()
         self.current.delete(wait=True)  # the pod's own node: the stack's node replaces it
         return self.current
@@ -125,15 +133,17 @@ def upload_bundle(endpoints: dict, node_metadata: dict, bundle: Bundle) -> None:
     """The spec's bucket and bundle object, through the emulator with Google's storage client."""
     assert node_metadata[keys.BUNDLE_SHA256] == bundle.sha256
     assert node_metadata[keys.BUNDLE_OBJECT] == bundle.object_name
+    token = operator_token(endpoints)
     gcs = storage.Client(
         project=endpoints["project"],
-        credentials=google.auth.credentials.AnonymousCredentials(),
+        credentials=Credentials(token=token),
         client_options={"api_endpoint": endpoints["storage"]},
     )
-    bucket = gcs.create_bucket(node_metadata[keys.BUCKET])
+    bucket = gcs.bucket(node_metadata[keys.BUCKET])  # the pod's: the stack's own bucket
     bucket.blob(bundle.object_name).upload_from_string(bundle.data, "application/gzip")
     # The session's environments (tests/conftest.py), under the stack's own envs/ prefix.
-    env_seed.plant(endpoints["storage"], bucket.name, stack=node_metadata[keys.STACK])
+    env_seed.plant(endpoints["storage"], bucket.name, stack=node_metadata[keys.STACK],
+                   token=token)  # fmt: skip
 
 
 def wait_bootstrapped(pod: LocalPod, workers: int) -> None:
@@ -160,8 +170,9 @@ def refusals(tpu: tpu_v2.TpuClient, spec: dict, parent: str, workers: int) -> No
     """What Google's API refuses is refused here too, before any node is touched."""
     node = tpu_v2.Node.from_json(json.dumps(spec["node"]))
     # api_core's REST path raises Forbidden for any 403, against Google as here.
+    elsewhere = parent.replace(f"projects/{PROJECT_ID}/", "projects/tpupod-test-project/")
     with pytest.raises(exceptions.Forbidden) as foreign:
-        tpu.create_node(parent=spec["parent"], node_id=spec["node_id"], node=node)
+        tpu.create_node(parent=elsewhere, node_id=spec["node_id"], node=node)
     assert foreign.value.response.json()["error"]["status"] == "PERMISSION_DENIED"
     wrong = "v4-32" if workers == 1 else "v4-8"  # a real type of another size
     other = catalog.lookup(wrong).hosts
@@ -194,10 +205,10 @@ def test_stack_spec_creates_a_working_node(stack: str, pods: Pods) -> None:
     # The bundle, then the spec naming it, right away: the tree may change while tests run.
     config = parse(raw_from_config_map(offline.stack_config(stack)), stack=stack)
     bundle = build_bundle(job=config.job_definition())
-    spec = offline.evaluate(stack).values["node_spec"]
+    spec = exported(stack)
     workers = hosts_of(spec)
     tpu_v2.Node.from_json(json.dumps(spec["node"]))  # Google's client takes it as exported
-    pod = pods.sized(workers)
+    pod = pods.for_stack(stack, workers, spec["node"]["metadata"][keys.BUCKET])
     endpoints = pod.endpoints()
     parent = f"projects/{endpoints['project']}/locations/{endpoints['zone']}"
     tpu = client(endpoints)

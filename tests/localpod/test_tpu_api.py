@@ -21,7 +21,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
-from localpod import procs
+from localpod import identities, procs
 from localpod.pod import LocalPod
 
 pytestmark = pytest.mark.e2e
@@ -135,7 +135,9 @@ def test_errors_are_googles(pod, tpu, parent, spec, endpoints) -> None:
     assert invalid.value.response.json()["error"]["status"] == "INVALID_ARGUMENT"
     # Unknown fields are refused by name, raw JSON as any REST client sends it.
     url = f"{endpoints['tpu_api']}v2/{parent}/nodes?nodeId=x"
-    request = urllib.request.Request(url, data=b'{"acceleratorTyp": "cpu-4"}', method="POST")
+    token = {"Authorization": f"Bearer {identities.operator_token(endpoints)}"}
+    request = urllib.request.Request(url, data=b'{"acceleratorTyp": "cpu-4"}', method="POST",
+                                     headers=token)  # fmt: skip
     with pytest.raises(urllib.error.HTTPError) as unknown:
         urllib.request.urlopen(request, timeout=10)
     assert unknown.value.code == 400 and b"acceleratorTyp" in unknown.value.read()
@@ -154,7 +156,8 @@ def test_gcloud_lists_and_describes_the_node(pod, endpoints, tmp_path) -> None:
         return out.stdout
 
     gcloud("config", "set", "api_endpoint_overrides/tpu", endpoints["tpu_api"])
-    gcloud("config", "set", "auth/disable_credentials", "true")
+    gcloud("config", "set", "auth/access_token_file",
+           endpoints["identities"]["operator"]["token_file"])  # fmt: skip
     gcloud("config", "set", "project", endpoints["project"])
     listed = json.loads(
         gcloud("compute", "tpus", "tpu-vm", "list", "--zone", endpoints["zone"], "--format=json")

@@ -24,6 +24,7 @@ import fabric
 import paramiko
 import pytest
 
+from localpod import tokens
 from localpod.pod import LocalPod
 from localpod.state import PROJECT_ROOT
 
@@ -316,5 +317,7 @@ def test_google_auth_refreshes_compute_engine_credentials_on_a_worker(vm_pod, en
     for done in (on_worker, outside):
         assert done.returncode == 0, done.stderr
         token, email, project, host = done.stdout.split()
-        assert token == "local" and email.endswith(".iam.gserviceaccount.com")
+        assert email == ends["identities"]["worker-1"]["email"]  # the stack's worker account
+        # a token of the pod's, naming that account: every local API takes it as the worker
+        assert tokens.verify(tokens.read_key(vm_pod.paths.root), token) == (email, "")
         assert (project, host) == (ends["project"], metadata)

@@ -98,3 +98,14 @@ def pod(tmp_path):
     yield servers
     for server in servers:
         server.stop()
+
+
+def dummy_token() -> str:
+    """A token file for a Target whose API is a dead or silent port: what a client sends there
+    does not matter, only that it is given one (ops.credentials reads it)."""
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"tpupod-test-token-{os.getuid()}"
+    if not path.exists():
+        path.write_text("ya29.not-a-real-token\n")
+    return str(path)

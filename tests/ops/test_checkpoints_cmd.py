@@ -15,6 +15,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from localpod.storage import running_emulator
+from tests.ops.conftest import dummy_token
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "tpupod-local"
@@ -35,6 +36,9 @@ def pod(tmp_path):
                     "bucket": BUCKET,
                     "project": "tpupod-local",
                     "spec_file": str(tmp_path / "node-spec.json"),
+                    "identities": {
+                        "operator": {"email": "operator@example.com", "token_file": dummy_token()}
+                    },
                 }
             )  # fmt: skip
         )

@@ -17,6 +17,7 @@ from ops.probe import Probe
 from ops.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
 from ops.tpu import TpuProvider
 from ops.watch import WatchConfig, Watcher
+from tests.ops.conftest import dummy_token
 
 
 def test_every_command_is_registered_once():
@@ -83,7 +84,7 @@ def test_watch_is_interruptible_and_leaks_no_threads(tmp_path):
     port = silent.getsockname()[1]
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
-                    api_endpoint=f"http://127.0.0.1:{port}", anonymous=True)  # fmt: skip
+                    api_endpoint=f"http://127.0.0.1:{port}", token_file=dummy_token())  # fmt: skip
     journal = Journal(tmp_path / "j.jsonl")
     watcher = Watcher(TpuProvider(target), journal, WatchConfig())
     before = threading.active_count()
@@ -110,7 +111,7 @@ def test_stack_outputs_cached_beside_the_journal_need_no_pulumi(capsys, monkeypa
     monkeypatch.setenv("PATH", "/nonexistent")  # no pulumi, no gcloud
     target = load_target("v4-32")
     assert (target.project, target.zone, target.node) == ("p", "z", "tpupod-v4-32")
-    assert target.ssh.via == "iap" and target.api_endpoint is None and not target.anonymous
+    assert target.ssh.via == "iap" and target.api_endpoint is None and target.token_file is None
     assert target.ssh.iap_command.startswith("gcloud compute start-iap-tunnel {instance} 22")
 
 
@@ -120,7 +121,7 @@ def test_watch_journals_a_checkpoint_fallback_once_per_trainer(tmp_path):
     reads the typed field, not the message a person reads."""
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
-                    api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
+                    api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
     journal = Journal(tmp_path / "j.jsonl")
     watcher = Watcher(TpuProvider(target), journal, WatchConfig())
     line = "checkpoint step 12 unreadable (...): restored step 8"
@@ -143,7 +144,7 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     a newer committed step ends the streak."""
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
-                    api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
+                    api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
     journal = Journal(tmp_path / "j.jsonl")
     watcher = Watcher(TpuProvider(target), journal, WatchConfig(max_failures=10))
     watcher.since = 0.0

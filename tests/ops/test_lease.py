@@ -15,6 +15,7 @@ from ops.remote_state import RemoteState
 from ops.target import SshSettings, Target
 from ops.watch.incident import Incident, WatchState
 from ops.watch.table import Phase
+from tests.ops.conftest import dummy_token
 
 BUCKET = "tpupod-lease-test"
 
@@ -31,7 +32,8 @@ def make_state(url: str, stack: str) -> RemoteState:
         "node_id": "n",
         "node": {"metadata": {"tpupod-bucket": BUCKET}},
     }
-    target = Target(stack, "p", "z", "n", spec, SshSettings(None, None), storage_endpoint=url)
+    target = Target(stack, "p", "z", "n", spec, SshSettings(None, None), storage_endpoint=url,
+                    token_file=dummy_token())  # a bare emulator: any token goes  # fmt: skip
     return RemoteState.for_target(target)
 
 

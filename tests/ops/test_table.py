@@ -18,6 +18,7 @@ from ops.watch import table, watcher
 from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.judge import bootstrap_event, clock_event, operation_event, slice_event
 from ops.watch.table import JUDGED, OBSERVES, TABLE, Action, Event, Phase, advance
+from tests.ops.conftest import dummy_token
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,7 +127,7 @@ def test_incident_round_trips_through_its_file(tmp_path):
 def _watcher(tmp_path) -> watcher.Watcher:
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
-                    api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
+                    api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
     return watcher.Watcher(TpuProvider(target), Journal(tmp_path / "journal.jsonl"))
 
 

@@ -14,6 +14,7 @@ from ops.provider import ProviderError
 from ops.target import SshSettings, Target
 from ops.tpu import TpuProvider
 from ops.tpu_errors import QuotaExceeded, Refused, Stockout, refused
+from tests.ops.conftest import dummy_token
 
 
 def _rest(code: int, status: str, message: str, details: list | None = None):
@@ -54,7 +55,7 @@ def test_a_429_for_capacity_is_a_stockout():
 def _provider():
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
-                    api_endpoint="http://127.0.0.1:9", anonymous=True)  # fmt: skip
+                    api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
     return TpuProvider(target)
 
 
