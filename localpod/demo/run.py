@@ -28,6 +28,7 @@ from infra import job as jobs
 from localpod import watcher_vm
 from localpod.demo.observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
 from localpod.demo.reference import compare_runs, emulator_env, pod_provider, run_reference
+from localpod.iam_report import IamReport, summarize
 from localpod.pod import LocalPod
 from localpod.state import PodError
 from ops.cli import CliError
@@ -95,7 +96,8 @@ def observe(pod, view: WatcherView, plan: FaultPlan, deadline: float) -> dict:
         trainers.close()
 
 
-def report(console, events, injected, comparison, wall, ref_wall, holder=None) -> bool:
+def report(console, events, injected, comparison, wall, ref_wall, holder=None,
+           iam: IamReport | None = None) -> bool:  # fmt: skip
     events = [e for e in events if e.get("by") != "demo"]  # the watcher's
     by = {e["event"]: e for e in events}
     detected = [e for e in events if e["event"] == "detected"]
@@ -130,6 +132,11 @@ def report(console, events, injected, comparison, wall, ref_wall, holder=None) -
     compared = comparison.lines() if comparison else ["comparison failed (see above)"]
     table.add_row("final checkpoints", "\n".join(compared))
     table.add_row("equals uninterrupted run", "[green]yes[/green]" if equal else "[red]no[/red]")
+    if iam is not None:  # every call of the run against the stack's grants (localpod.authz)
+        style = "green" if iam.least_privilege else "red"
+        table.add_row(
+            "IAM (the stack's grants)", f"[{style}]" + "\n".join(iam.lines()) + f"[/{style}]"
+        )
     console.print(table)
     return equal
 
@@ -200,7 +207,7 @@ def run_demo(args: argparse.Namespace) -> int:
         comparison = compare_runs(pod.paths.root, f"{run_dir}/checkpoints",
                                   f"{ref_dir}/checkpoints")  # fmt: skip
         equal = report(console, view.events, plan.injected, comparison,
-                       time.time() - started, ref_wall, holder)  # fmt: skip
+                       time.time() - started, ref_wall, holder, summarize(pod.paths.root))  # fmt: skip
         if args.job is None:
             print_sample(pod.paths.root, run_dir, console)
         console.print(f"journal: {journal_file}", style="dim")

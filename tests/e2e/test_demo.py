@@ -15,6 +15,7 @@ import pytest
 from google.cloud import tpu_v2
 
 from localpod import watcher_vm
+from localpod.iam_report import summarize
 from ops import watch
 from ops.cli import main
 from ops.journal import read
@@ -85,5 +86,10 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     assert "equals uninterrupted run" in out and "yes" in out.split("equals uninterrupted run")[1]
     words = " ".join(out.replace("│", " ").split())  # the table wraps its cells
     assert "bitwise equal" in words and "arrays and" in words, words
+    # The issue's recorded demo: every call the demo made (its terminal, the watcher VM, the
+    # workers) allowed by stack v4-32's grants, every service enabled, every role used.
+    iam = summarize(pod_dir)
+    assert iam.least_privilege, iam.lines()
+    assert "IAM (the stack's grants)" in out and "0 refused" in words
     assert not list(pod_dir.glob("pod.json"))  # torn down
     assert not watcher_vm.running(pod_dir)

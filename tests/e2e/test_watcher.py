@@ -20,6 +20,7 @@ import pytest
 from localpod import identities, watcher_vm
 from localpod.authz import POLICY_FILE
 from localpod.iam_policy import Policy
+from localpod.iam_report import summarize
 from localpod.pod import LocalPod
 from ops import oslogin
 from ops.remote_state import RemoteState
@@ -138,3 +139,9 @@ def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod):
     assert done["step"] == STEPS and done["preemptions"] == 1 and done["failures"] == 0
     lease = json.loads(state.blob("lease.json").download_as_bytes())
     assert lease["holder"] == watcher_vm.HOLDER and lease["expires"] <= time.time()  # released
+    # Against the stack's own grants: every call of the run allowed (the watcher's recreate
+    # included), and every role the watcher and the workers hold used (least privilege).
+    iam = summarize(pod.paths.root)
+    assert iam.least_privilege, iam.lines()
+    assert {m.split("@")[0] for m in iam.unused} >= {"serviceAccount:tpupod-local",
+                                                     "serviceAccount:tpupod-local-watch"}  # fmt: skip
