@@ -90,7 +90,8 @@ tpu = TpuSlice(
         service_account_email=identity.email,
         network_tag=naming.network_tag(config),
         metadata=worker_metadata,
-        labels=labels,
+        stack=config.stack,
+        labels=naming.node_labels(config),
         enable_external_ips=config.enable_external_ips,
         capacity=config.capacity,
     ),
@@ -117,7 +118,9 @@ if config.watcher:
             node_spec=tpu.spec,
             labels=labels,
         ),
-        opts=pulumi.ResourceOptions(depends_on=[services, network, code]),
+        # After the slice: at destroy the watcher goes first, so no recovery re-creates what the
+        # slice's delete hook removes (a dependsOn edge orders; it replaces nothing).
+        opts=pulumi.ResourceOptions(depends_on=[services, network, code, tpu]),
     )
     pulumi.export("watcher_instance", watcher.instance_name)
     pulumi.export("watcher_service_account_email", watcher.email)

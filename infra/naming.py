@@ -17,6 +17,7 @@ class StackConfig(Protocol):
 
     stack: str
     project: str
+    run_id: str
     existing_bucket: str | None
     bucket_name: str | None
     accelerator: Any  # a catalog.Accelerator (its .name)
@@ -24,6 +25,10 @@ class StackConfig(Protocol):
 
 GCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"[^a-z0-9_-]+")
+# Whose a TPU node is: the node spec carries these labels, so every node and queued request
+# recovery creates from it is found by them (infra.cleanup), in any zone, after any move.
+STACK_LABEL = "tpupod-stack"
+RUN_LABEL = "tpupod-run"
 
 
 def gce_name(*parts: str) -> str:
@@ -65,11 +70,22 @@ def service_account_id(config: StackConfig) -> str:
 
 def labels(config: StackConfig) -> dict[str, str]:
     return {
-        "tpupod-stack": _label_value(config.stack),
-        "tpupod-accelerator": _label_value(config.accelerator.name),
+        STACK_LABEL: label_value(config.stack),
+        "tpupod-accelerator": label_value(config.accelerator.name),
         "managed-by": "pulumi",
     }
 
 
-def _label_value(value: str) -> str:
+def node_labels(config: StackConfig) -> dict[str, str]:
+    """The slice's: the stack's labels and the run's (a node outlives no run unnoticed)."""
+    return {**labels(config), **owner_labels(config.stack, config.run_id)}
+
+
+def owner_labels(stack: str, run_id: str) -> dict[str, str]:
+    """What makes a node tpupod's: its stack and run (the local pod's node spec has these)."""
+    return {STACK_LABEL: label_value(stack), RUN_LABEL: label_value(run_id)}
+
+
+def label_value(value: str) -> str:
+    """A valid GCE label value: lowercase letters, digits, `_` and `-`, at most 63."""
     return _LABEL_VALUE.sub("-", value.lower())[:63]

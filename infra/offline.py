@@ -43,12 +43,14 @@ class Registered:
     delete_before_replace: bool
     create_timeout: str
     dependencies: tuple[str, ...] = ()  # URNs it waits for (depends_on, expanded)
+    hooks: dict[str, tuple[str, ...]] = field(default_factory=dict)  # before_delete -> names
 
 
 @dataclass
 class Evaluation:
     stack: str
     resources: list[Registered] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)  # resource hooks registered, by name
     outputs: dict[str, pulumi.Output] = field(default_factory=dict)  # as exported (Outputs)
     values: dict[str, Any] = field(default_factory=dict)  # the same, resolved
     error: Exception | None = None
@@ -100,12 +102,22 @@ def _computed(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 class RecordingMonitor(mocks.MockMonitor):
-    """MockMonitor that also keeps each registration's inputs and options (protect, timeouts)."""
+    """MockMonitor that also keeps each registration's inputs and options (protect, timeouts,
+    resource hooks) and the resource hooks registered, refusing a name registered twice as the
+    engine does (the SDK's mock accepts it)."""
 
     def __init__(self, cloud: pulumi.runtime.Mocks):
         super().__init__(cloud)
         self.registered: list[Registered] = []
+        self.hooks: list[str] = []
         self._lock = threading.Lock()
+
+    def RegisterResourceHook(self, request):  # noqa: N802 (gRPC method name)
+        with self._lock:
+            if request.name in self.hooks:
+                raise ValueError(f"resource hook already registered for name {request.name!r}")
+            self.hooks.append(request.name)
+        return super().RegisterResourceHook(request)
 
     def RegisterResource(self, request):  # noqa: N802 (gRPC method name)
         response = super().RegisterResource(request)
@@ -121,10 +133,17 @@ class RecordingMonitor(mocks.MockMonitor):
                 delete_before_replace=request.deleteBeforeReplace,
                 create_timeout=request.customTimeouts.create,
                 dependencies=tuple(request.dependencies),
+                hooks=_hook_names(request.hooks),
             )
             with self._lock:
                 self.registered.append(record)
         return response
+
+
+def _hook_names(binding) -> dict[str, tuple[str, ...]]:
+    """The hooks a registration binds, by kind (before_delete, ...), where it binds any."""
+    kinds = [f.name for f in binding.DESCRIPTOR.fields]
+    return {kind: tuple(getattr(binding, kind)) for kind in kinds if getattr(binding, kind)}
 
 
 def import_provider_sdk() -> None:
@@ -183,6 +202,7 @@ def evaluate(stack: str, config: dict[str, str] | None = None, *, check: bool = 
     except Exception as error:  # noqa: BLE001 (kept for the caller, re-raised when check)
         evaluation.error = error
     evaluation.resources = sorted(monitor.registered, key=lambda r: r.urn)
+    evaluation.hooks = list(monitor.hooks)
     if check and evaluation.error is not None:
         raise evaluation.error
     return evaluation

@@ -5,16 +5,24 @@ but labels, metadata, tags, description and data disks replaces the node, so the
 and the old node goes first (`delete_before_replace`): one slice's quota, never two. The fields
 come from `infra.node_spec.declare`, and `spec` is `node_spec()` of that same declaration: what
 ops sends to `nodes.create` when it recreates a preempted node without running Pulumi.
+
+Recovery's nodes and queued requests live outside Pulumi's state, in any zone of tpupod:zones,
+so the node carries a `before_delete` hook: before Pulumi deletes (or replaces) it, every node
+and request labelled with the stack goes, in every zone (infra.cleanup). The engine runs delete
+hooks only with the program (`pulumi destroy --run-program`); it refuses a plain destroy.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
+from infra import cleanup
 from infra.component import child_options
 from infra.metadata import METADATA_LIMIT_BYTES
 from infra.node_spec import NodeDeclaration, declare, node_spec, resource_path
@@ -36,6 +44,7 @@ class TpuSliceArgs:
     service_account_email: pulumi.Input[str]
     network_tag: str
     metadata: dict[str, str]
+    stack: str  # whose nodes and requests the delete hook removes (its `tpupod-stack` label)
     labels: dict[str, str] = field(default_factory=dict)
     enable_external_ips: bool = False
     capacity: dict[str, Any] | None = None  # how recovery asks for the slice (node spec)
@@ -65,6 +74,12 @@ class TpuSlice(pulumi.ComponentResource):
         check_metadata_size(node.metadata)
         network = pulumi.Output.from_input(args.network).apply(resource_path)
         subnetwork = pulumi.Output.from_input(args.subnetwork).apply(resource_path)
+        zones = list((args.capacity or {}).get("zones") or [node.zone])
+        # Created in every run (the engine calls a hook by the name kept in the state, and fails
+        # the delete if this run registered none), once per program: the name is the node's.
+        delete_owned = pulumi.ResourceHook(
+            f"{node.name}-delete-owned", before_delete(node.project, zones, args.stack)
+        )
         self.node = gcp.tpu.V2Vm(
             f"{name}-node",
             name=node.name,
@@ -95,6 +110,7 @@ class TpuSlice(pulumi.ComponentResource):
                 opts,
                 delete_before_replace=True,
                 custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
+                hooks=pulumi.ResourceHookBinding(before_delete=[delete_owned]),
             ),
         )
         self.spec = pulumi.Output.all(network, subnetwork, args.service_account_email).apply(
@@ -123,6 +139,29 @@ class TpuSlice(pulumi.ComponentResource):
                 "worker_external_ips": self.worker_external_ips,
             }
         )
+
+
+def before_delete(
+    project: str,
+    zones: list[str],
+    stack: str,
+    client: Callable[[], Any] = cleanup.google_client,
+    say: Callable[[str], None] = pulumi.log.info,
+) -> Callable[[pulumi.ResourceHookArgs], Awaitable[None]]:
+    """The node's before_delete hook: `cleanup.remove_owned` in `zones` and the zone the node
+    was declared in (the hook's old inputs), with `client()` (ADC on Google's endpoint); says
+    what it deleted. Raises CleanupError (the engine fails the delete with its line)."""
+
+    async def hook(args: pulumi.ResourceHookArgs) -> None:
+        declared = (args.old_inputs or {}).get("zone")
+        where = [*zones, declared] if isinstance(declared, str) else list(zones)
+        removal = await asyncio.to_thread(
+            lambda: cleanup.remove_owned(client(), project, where, stack)
+        )
+        for line in removal.lines():
+            say(f"{args.name}: {line}")
+
+    return hook
 
 
 def metadata_bytes(metadata: dict[str, str]) -> int:

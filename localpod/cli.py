@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra import job as jobs
+from infra.cleanup import CleanupError
 from infra.config_checks import CREATE_VIAS
 from localpod import tpu_client
 from localpod.iam_policy import DEFAULT_STACK
@@ -122,7 +124,15 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
+    """As `pulumi destroy --run-program`: the stack's nodes and requests through the TPU API
+    (what was deleted), then every process of the pod (even when that API refused)."""
     pod = _pod(args)
+    if pod.is_up():
+        try:
+            for line in pod.delete_owned().lines():
+                print(line)
+        except (PodError, CleanupError) as err:
+            print(f"tpupod: {err}; stopping the pod anyway", file=sys.stderr)
     if not pod.down():
         raise PodError(f"no local pod is up in {pod.paths.root}")
     print(f"local pod in {pod.paths.root} is down")
@@ -226,8 +236,6 @@ def _hang(args: argparse.Namespace) -> int:
 
 def _secret(args: argparse.Namespace) -> int:
     """A secret's value in the pod's Secret Manager (as `gcloud secrets versions add`)."""
-    import sys
-
     if not jobs.SECRET_ID.match(args.name):
         raise PodError(f"{args.name!r} is not a Secret Manager secret id")
     data = args.data_file.read_bytes() if args.data_file else sys.stdin.buffer.read()
@@ -328,9 +336,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rollout.add_argument("--steps", type=int, help="the built-in trainer's steps [the job running]")
     rollout.set_defaults(func=_rollout)
 
-    sub.add_parser("down", parents=[pod_dir], help="stop everything the pod started").set_defaults(
-        func=_down
-    )
+    sub.add_parser(
+        "down", parents=[pod_dir],
+        help="delete the stack's nodes and queued resources in every zone (as `pulumi destroy "
+        "--run-program`), then stop everything the pod started",
+    ).set_defaults(func=_down)  # fmt: skip
     sub.add_parser(
         "status", parents=[pod_dir], help="the node as the pod's TPU API tells it"
     ).set_defaults(func=_status)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import metadata
+from infra import cleanup, metadata, naming
 from infra.bundle_archive import build_bundle
 from infra.job import Job, builtin, check_run_id, new_run_id
 from localpod import (
@@ -57,6 +57,7 @@ from localpod.state import (
 DEFAULT_TRAINER_ARGS = "--config tiny --steps 200"
 DEFAULT_BUCKET = "tpupod-local"
 STACK = "local"
+DELETE_OWNED_TIMEOUT_S = 120.0  # `local down`: the slice's delete takes seconds here
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,7 @@ class LocalPod:
                 "acceleratorType": accelerator_type(self.workers, self.devices_per_worker),
                 "runtimeVersion": "tpu-ubuntu2204-base",
                 "schedulingConfig": {"spot": True} if self.spot else {},
-                "labels": {"tpupod-stack": self.stack},
+                "labels": naming.owner_labels(self.stack, self.run_id),
                 "metadata": node_metadata,
                 "serviceAccount": {
                     "email": self._policy().accounts["workers"],
@@ -293,6 +294,17 @@ class LocalPod:
         }
         write_json(self.paths.node_spec, spec)
         return spec
+
+    def delete_owned(self, timeout: float = DELETE_OWNED_TIMEOUT_S) -> cleanup.Removal:
+        """What the stack's before_delete hook does at `pulumi destroy --run-program`: every node
+        and queued resource labelled with the pod's stack, in each zone, deleted through the TPU
+        API as the operator. The watcher VM stops first, as `pulumi destroy` deletes it before
+        the slice: it would re-create what this deletes."""
+        from localpod import watcher_vm
+
+        watcher_vm.stop(self.paths.root)
+        stack = self._config().get("stack", self.stack)
+        return tpu_client.delete_owned(self.endpoints(), stack, ZONES, timeout)
 
     def _policy(self) -> iam_policy.Policy:
         return iam_policy.Policy.from_json(read_json(self.paths.root / POLICY_FILE) or {})

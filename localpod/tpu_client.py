@@ -108,6 +108,15 @@ def delete_node(endpoints: dict, timeout: float | None) -> None:
     _wait(operation, timeout, f"delete of {nodes[0].name}")
 
 
+def delete_owned(endpoints: dict, stack: str, zones, timeout: float):
+    """infra.cleanup.remove_owned in the pod's project and `zones`: what `pulumi destroy`'s hook
+    does on GCP, here with the operator's token."""
+    from infra import cleanup
+
+    return cleanup.remove_owned(client(endpoints), endpoints["project"], zones, stack,
+                                timeout_s=timeout)  # fmt: skip
+
+
 def patch_metadata(endpoints: dict, name: str, metadata: dict[str, str], timeout: float = 60.0):
     """nodes.patch with update_mask `metadata` (the whole map, as `pulumi up` sends it)."""
     from google.api_core import exceptions

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from infra import cleanup
 from infra.job import JobSpec
 from ops.cli import CliError
 from ops.provider import ProviderError, SliceInfo, SliceState
-from ops.tables import run_line, slice_table, worker_table
+from ops.tables import owned_table, run_line, slice_table, worker_table
 from ops.target import LOCAL, load_target, state_dir
 from ops.tpu import TpuProvider
 from ops.watch import WatchConfig
@@ -66,6 +67,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     info = describe(provider)
     console = Console()
     console.print(slice_table(info, title=f"stack {args.stack}"))
+    if args.all:
+        console.print(owned_table(owned(provider), provider.zones, args.stack))
     from ops.remote_watch import restart_lines, watcher_lines  # lease, journal (bucket)
 
     for line in watcher_lines(provider) + restart_lines(provider):
@@ -76,6 +79,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         console.print(run_line(provider.target, probes), markup=False, highlight=False)
         console.print(worker_table(info, probes))
     return 0
+
+
+def owned(provider: TpuProvider) -> list[cleanup.Owned]:
+    """Every node and queued resource labelled with the stack, in each of tpupod:zones: what
+    `pulumi destroy --run-program` deletes (infra.cleanup)."""
+    try:
+        return cleanup.list_owned(provider.client, provider.target.project, provider.zones,
+                                  provider.target.stack)  # fmt: skip
+    except cleanup.CleanupError as err:
+        raise CliError(str(err)) from None
 
 
 # -- logs -----------------------------------------------------------------------------------------
@@ -214,6 +227,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status = subparsers.add_parser(
         "status", parents=[stack],
         help="slice state, the run (id, attempt, step of steps), every worker's job, the restarts",
+    )  # fmt: skip
+    status.add_argument(
+        "--all", action="store_true",
+        help="also every node and queued resource the stack owns, in every zone, with its state",
     )  # fmt: skip
     status.set_defaults(func=cmd_status)
 

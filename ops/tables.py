@@ -62,6 +62,17 @@ def worker_table(info: SliceInfo, probes: list[Probe]) -> Table:
     return table
 
 
+def owned_table(owned: list, zones: list[str], stack: str) -> Table:
+    """What the stack owns in the TPU API (infra.cleanup.Owned), one row each."""
+    where = ", ".join(zones)
+    table = Table(title=f"stack {stack} owns {len(owned)} TPU resource(s) in {where}")
+    for column in ("kind", "zone", "name", "state", "run"):
+        table.add_column(column)
+    for item in owned:
+        table.add_row(item.kind, item.zone, item.id, item.state, item.run or "-")
+    return table
+
+
 def slice_table(info: SliceInfo, title: str = "slice") -> Table:
     """Slice state and health in the title, one row per worker as ops reaches it."""
     style = STATE_STYLE.get(info.state, "white")

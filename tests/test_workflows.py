@@ -137,6 +137,27 @@ def test_ci_installs_the_bootstraps_hash_pinned_uv():
         assert "--require-hashes" in text and ".github/uv-requirements.txt" in text, text
 
 
+def destroys_without_the_program(text: str) -> list[str]:
+    """Each `pulumi destroy` command (continuation lines joined; comments are none) lacking
+    --run-program: the slice's delete hook runs only with the program, and the CLI refuses a
+    plain destroy of a stack that has one."""
+    lines = [line.strip() for line in re.sub(r"\s*\\\n\s*", " ", text).splitlines()]
+    return [line for line in lines if not line.startswith("#")
+            and re.search(r"\bpulumi\s+destroy\b", line) and "--run-program" not in line]  # fmt: skip
+
+
+def test_a_destroy_runs_the_program():
+    texts = {path.name: path.read_text() for path in WORKFLOWS}
+    texts[".ci/run"] = (ROOT / ".ci" / "run").read_text()
+    assert {name: destroys_without_the_program(text) for name, text in texts.items()} == {
+        name: [] for name in texts
+    }
+    # The negative control: a plain destroy, also split over lines, is caught; with it, not.
+    plain = "# pulumi destroy: by hand\npulumi login x\npulumi destroy --yes \\\n  --stack s\n"
+    assert destroys_without_the_program(plain) == ["pulumi destroy --yes --stack s"]
+    assert destroys_without_the_program(plain.replace("--yes", "--yes --run-program")) == []
+
+
 def test_offline_preview_reports_a_stack():
     result = subprocess.run(
         [sys.executable, str(ROOT / ".github" / "scripts" / "offline_preview.py"), "v4-8"],

@@ -61,17 +61,18 @@ def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
             spec = json.loads(inputs["metadata"][NODE_SPEC_KEY])
             spec["node"]["metadata"][metadata.STARTUP_SCRIPT] = "<startup.sh>"
             inputs["metadata"] = {**inputs["metadata"], NODE_SPEC_KEY: json.dumps(spec)}
-        resources.append(
-            {
-                "type": r.type,
-                "name": r.name,
-                "parent": r.parent.rsplit("::", 1)[-1] if r.parent else "",
-                "protect": r.protect,
-                "delete_before_replace": r.delete_before_replace,
-                "create_timeout": r.create_timeout,
-                "inputs": clean(inputs),
-            }
-        )
+        resource = {
+            "type": r.type,
+            "name": r.name,
+            "parent": r.parent.rsplit("::", 1)[-1] if r.parent else "",
+            "protect": r.protect,
+            "delete_before_replace": r.delete_before_replace,
+            "create_timeout": r.create_timeout,
+            "inputs": clean(inputs),
+        }
+        if r.hooks:  # resource hooks bound (the slice's before_delete)
+            resource["hooks"] = {kind: list(names) for kind, names in r.hooks.items()}
+        resources.append(resource)
     resources.sort(key=lambda item: (item["type"], item["name"]))
     outputs = dict(evaluation.values)
     if "node_spec" in outputs:  # its metadata carries the startup script too

@@ -78,7 +78,7 @@ def test_client_parses_list_get_and_guest_attributes(pod, tpu, parent, spec, end
     sent = tpu_v2.Node.from_json(json.dumps(spec["node"]))
     assert node.accelerator_type == sent.accelerator_type == "cpu-4"
     assert dict(node.metadata) == dict(sent.metadata)
-    assert dict(node.labels) == {"tpupod-stack": "local"}
+    assert dict(node.labels) == {"tpupod-stack": "local", "tpupod-run": pod.run_id}
     assert node.scheduling_config.spot and node.runtime_version == sent.runtime_version
 
     found = instances(tpu, node.name)
