@@ -32,6 +32,7 @@ from infra.job import Job, builtin, check_run_id, new_run_id
 from localpod import env_seed, procs, secret_manager, storage, storage_faults, tpu_client
 from localpod.environment import accelerator_type, pod_metadata
 from localpod.metadata_server import ZONES
+from localpod.pod_tpu import TpuAnswers
 from localpod.state import (
     PROJECT_ROOT,
     PodError,
@@ -70,7 +71,7 @@ class PodInfo:
     pod: dict = field(default_factory=dict)  # pod.json: ports, pids, bucket, emulator_url, ...
 
 
-class LocalPod:
+class LocalPod(TpuAnswers):
     def __init__(
         self,
         pod_dir: Path | str | None = None,
@@ -87,6 +88,8 @@ class LocalPod:
         zones: tuple[str, ...] = ZONES,
         spot: bool = True,
         queue_first: bool = False,
+        quota_chips: int | None = None,
+        zone_quota_chips: int | None = None,
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
         infra.metadata.startup_script(); read once by `up` into the node spec. `job`: what the
@@ -94,7 +97,9 @@ class LocalPod:
         run's id (default: a new run). `create_via` and `zones`: how recovery asks for the
         slice (the spec's `capacity`, as a stack's tpupod:createVia and tpupod:zones); `spot`:
         a spot node (else on-demand: host maintenance reboots it instead of ending it);
-        `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`)."""
+        `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`);
+        `quota_chips`, `zone_quota_chips`: the TPU API's chip quota per region and per zone,
+        each tier its own (localpod.tpu_quota; None: no limit)."""
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
@@ -107,6 +112,7 @@ class LocalPod:
         self.capacity = {"via": create_via, "zones": list(zones)}
         self.spot = spot
         self.queue_first = queue_first and create_via == "queued"
+        self.quota = {"region": quota_chips, "zone": zone_quota_chips}
         self._controller: subprocess.Popen | None = None
         self._controller_start: int | None = None
 
@@ -186,6 +192,7 @@ class LocalPod:
                 "run_id": self.run_id,
                 "bucket": self.bucket,
                 "stack": self.stack,
+                "quota": self.quota,
             },
         )
         try:
@@ -341,22 +348,6 @@ class LocalPod:
     def set_secret(self, name: str, data: bytes) -> None:
         """A secret the pod's Secret Manager serves (localpod.secret_manager), up or not."""
         secret_manager.write_secret(self.paths.root / "secrets", name, data)
-
-    def inject_stockout(self, count: int = 1, zone: str | None = None) -> int:
-        """The next `count` creates (in `zone`; None: any zone) fail with RESOURCE_EXHAUSTED
-        (a queued resource waits instead); returns how many are pending there."""
-        where = f"&zone={zone}" if zone else ""
-        return self._request("POST", f"/stockout?count={count}{where}")["pending"]
-
-    def inject_unavailable(self, count: int = 1) -> int:
-        """The next `count` TPU API calls of any kind answer HTTP 503 UNAVAILABLE."""
-        return self._request("POST", f"/unavailable?count={count}")["pending"]
-
-    def inject_quota(self, count: int = 1, zone: str | None = None) -> int:
-        """The next `count` creates (in `zone`; None: any) are refused at once for quota (HTTP
-        429, as Google does)."""
-        where = f"&zone={zone}" if zone else ""
-        return self._request("POST", f"/quota?count={count}{where}")["pending"]
 
     def storage_faults(self, plan: dict | None = None) -> dict:
         """The bucket's injected faults (localpod.storage_faults): the report, after replacing
