@@ -74,8 +74,12 @@ class TpuProvider:
 
     @property
     def request_name(self) -> str:
-        """The queued resource that asks for the node: it has the node's id."""
-        return f"{self.parent}/queuedResources/{self.target.node}"
+        """The queued resource that asks for the node here: it has the node's id."""
+        return self.request_in(self.zone)
+
+    def request_in(self, zone: str) -> str:
+        """The queued resource that asks for the node in `zone` (one of tpupod:zones)."""
+        return f"projects/{self.target.project}/locations/{zone}/queuedResources/{self.target.node}"
 
     def move_to(self, zone: str) -> None:
         if zone not in self.zones:
@@ -184,11 +188,11 @@ class TpuProvider:
             return OperationStatus(name, True)
         return OperationStatus(name, bool(op.done), op.error.code, op.error.message)
 
-    def request_status(self) -> queued.QueuedStatus:
-        """The slice's queued resource in this zone (MISSING when there is none)."""
+    def request_status(self, zone: str | None = None) -> queued.QueuedStatus:
+        """The slice's queued resource in `zone` (default: this one); MISSING when none."""
         try:
             request = self._call("queuedResources.get", self.client.get_queued_resource,
-                                 name=self.request_name)  # fmt: skip
+                                 name=self.request_in(zone or self.zone))  # fmt: skip
         except gexc.NotFound:
             return queued.QueuedStatus(queued.MISSING)
         return queued.status_of(request)
@@ -210,12 +214,13 @@ class TpuProvider:
             return None
         return op.operation.name
 
-    def abandon_request(self) -> bool:
-        """Withdraw a request still waiting in this zone's queue (recovery moves on to another
-        zone); its delete is not waited for: it has no node. True once none is left asking."""
+    def abandon_request(self, zone: str | None = None) -> bool:
+        """Withdraw the request in `zone` (default: this one): still waiting in the zone's
+        queue, or dead (FAILED, SUSPENDED); its delete is not waited for. True once none is
+        left asking there."""
         with contextlib.suppress(gexc.NotFound):
             self._call("queuedResources.delete", self.client.delete_queued_resource,
-                       request={"name": self.request_name, "force": True})  # fmt: skip
+                       request={"name": self.request_in(zone or self.zone), "force": True})  # fmt: skip
         return True
 
     def start_create(self, attempt: int | None = None) -> str | None:

@@ -32,7 +32,8 @@ class Event(StrEnum):
     RUNNING = "running"  # operation not done / slice not READY / bootstrap still running
     DONE = "done"  # operation done / slice READY / bootstrap ok on every worker
     STOCKOUT = "stockout"  # create refused or failed for capacity, or queued too long here
-    QUOTA = "quota"  # create refused for quota (HTTP 429 whose body names a quota)
+    QUOTA = "quota"  # create refused for a zone's quota (HTTP 429 whose body names a quota)
+    REGION_QUOTA = "region-quota"  # refused for a region's quota: no zone of it can help
     QUEUED = "queued"  # the create filed a queued resource: its node comes with capacity
     FAILED = "failed"  # operation error, or a bootstrap failed
     GONE = "gone"  # the node was preempted, terminated or deleted meanwhile
@@ -69,6 +70,7 @@ class Action(StrEnum):
     CREATE = "create"  # issue nodes.create from the spec
     STOCKOUT = "stockout"  # journal it, spend the capacity budget, next zone, back off
     QUOTA = "quota"  # journal the quota, spend the quota budget, next zone, back off
+    REGION_QUOTA = "region-quota"  # journal the quota, spend the quota budget, back off here
     QUEUED = "queued"  # journal `queued`: the request waits in the zone's queue
     RETRY = "retry"  # journal the error, back off, recreate again (no budget spent)
     REBUILD = "rebuild"  # a failure: charge the failure budget, then recreate
@@ -112,6 +114,7 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.AWAITING_CREATE, E.LOST): (P.AWAITING_CREATE, A.CREATE),
     (P.AWAITING_CREATE, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),
     (P.AWAITING_CREATE, E.QUOTA): (P.AWAITING_CAPACITY, A.QUOTA),
+    (P.AWAITING_CREATE, E.REGION_QUOTA): (P.AWAITING_CAPACITY, A.REGION_QUOTA),
     (P.AWAITING_CREATE, E.QUEUED): (P.AWAITING_QUEUED, A.QUEUED),
     (P.AWAITING_CREATE, E.FAILED): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_CREATE, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),

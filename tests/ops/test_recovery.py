@@ -339,7 +339,7 @@ def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
     from types import SimpleNamespace
 
     from ops import queued
-    from ops.watch import actions, observe
+    from ops.watch import capacity, observe
     from ops.watch.deadlines import WatchConfig
     from ops.watch.incident import Incident
 
@@ -350,7 +350,7 @@ def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
                         api=lambda call: call())  # fmt: skip
     inc = Incident("preemption", "", 0.0, 0, request_state=queued.WAITING,
                    request_since=time.time() - 60)  # fmt: skip
-    actions.queued(w, inc, "")
+    capacity.queued(w, inc, "")
     assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.RUNNING
     inc.request_since -= 11  # this request's own patience spent
     assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.STOCKOUT

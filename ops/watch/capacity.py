@@ -1,0 +1,83 @@
+"""The recovery table's actions that ask for capacity (ops.watch.table): where the slice is
+filed, what a refusal costs and where recovery turns next.
+
+Each kind of refusal spends its own budget and backs off on its own (ops.watch.deadlines): a
+stockout or a zone's quota sends the slice to the next zone of tpupod:zones, a region's quota
+waits in place (every zone of tpupod:zones is in the one region). Before a request is filed, the
+requests recovery filed that are FAILED or SUSPENDED are deleted: they cannot be filled, may
+hold quota, and one under the node's id in this zone would block the new one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ops.watch.api import GiveUp, WatcherApi
+from ops.watch.incident import Incident
+
+# Requests that will never be filled and are deleted before filing again (DELETING is on its
+# way; SUSPENDING becomes SUSPENDED).
+UNFILLABLE = {"FAILED", "SUSPENDED"}
+
+
+def queued(w: WatcherApi, inc: Incident, detail: str) -> None:
+    inc.request_state, inc.request_since = None, 0.0  # a new request: its states timed afresh
+    w.journal.event("queued", f"queued resource filed in {w.provider.zone}: the node comes when "
+                    "the zone has capacity", zone=w.provider.zone)  # fmt: skip
+
+
+def stockout(w: WatcherApi, inc: Incident, detail: str) -> None:
+    inc.stockouts += 1
+    elsewhere(w, inc, detail, "stockout", inc.stockouts, w.config.capacity_retries,
+              w.config.capacity_wait)  # fmt: skip
+
+
+def quota(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A zone's quota: the next zone has its own."""
+    inc.quota_refusals += 1
+    elsewhere(w, inc, detail, "quota", inc.quota_refusals, w.config.quota_retries,
+              w.config.quota_wait)  # fmt: skip
+
+
+def region_quota(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A region's quota: no zone of tpupod:zones can help, so recovery backs off where it is."""
+    inc.quota_refusals += 1
+    elsewhere(w, inc, detail, "quota", inc.quota_refusals, w.config.quota_retries,
+              w.config.quota_wait, move=False)  # fmt: skip
+
+
+def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
+              budget: int | None, wait_for: Callable[[int], float], move: bool = True) -> None:  # fmt: skip
+    """A create refused here for capacity or quota: spend that kind's budget, withdraw a
+    request still queued here, and try the next zone of tpupod:zones after its own backoff
+    (a zone not refused yet in this incident at once; one zone, or not `move`: this one
+    again, after this zone's backoff)."""
+    if budget is not None and count > budget:
+        raise GiveUp(f"gave up after {count} {kind} refusals (budget {budget}): {detail}")
+    here = w.provider.zone
+    inc.zone_tries[here] = inc.zone_tries.get(here, 0) + 1
+    there = w.provider.next_zone() if move else here
+    if w.provider.queued and w.api(w.provider.abandon_request) is None:
+        there = here  # not withdrawn (a TPU API error): never leave a live request behind
+    w.provider.move_to(there)
+    inc.zone = there
+    wait = wait_for(inc.zone_tries.get(there, 0))
+    inc.not_before = time.time() + wait
+    where = f"trying {there}" if there != here else "creating again"
+    w.journal.event(kind, f"{detail}; {where} in {wait:.0f}s", attempt=count, retry_in=wait,
+                    zone=here, next_zone=there)  # fmt: skip
+
+
+def sweep(w: WatcherApi) -> None:
+    """Before filing: delete every request of ours in tpupod:zones that can no longer be filled
+    (one journal line each). A TPU API error leaves it for the next create."""
+    for zone in w.provider.zones:
+        status = w.api(lambda zone=zone: w.provider.request_status(zone))
+        if status is None or status.state not in UNFILLABLE:
+            continue
+        if w.api(lambda zone=zone: w.provider.abandon_request(zone)) is None:
+            continue
+        why = f": {status.detail}" if status.detail else ""
+        w.journal.event("withdrawn", f"queued resource in {zone} {status.state}{why}; deleted "
+                        "before filing again", zone=zone, state=status.state)  # fmt: skip
