@@ -149,7 +149,8 @@ def _status(args: argparse.Namespace) -> int:
         next((i.value for i in g.query_value.items if i.key == "hostname"), "")
         for g in tpu.get_guest_attributes(request={"name": node.name}).guest_attributes
     ]
-    state, health = node.state.name, node.health.name
+    # A value the client cannot name (an answer injected: `tpupod local answer`) is a bare int.
+    state, health = (getattr(v, "name", str(v)) for v in (node.state, node.health))
     table = Table(title=f"{node.name}: {state}, {health} {node.health_description}".strip())
     for column in ("worker", "instance", "ip", "ssh port"):
         table.add_column(column)

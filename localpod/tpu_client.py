@@ -80,11 +80,12 @@ def create_queued(endpoints: dict, spec: dict, timeout: float | None):
         _wait(operation, timeout, f"queued resource {spec['node_id']}")
         deadline = time.monotonic() + (timeout or 0)
         while timeout is not None:
-            state = tpu_v2.QueuedResourceState.State(tpu.get_queued_resource(name=name).state.state)
-            if state.name == "ACTIVE":
-                return state
-            if state.name in ("FAILED", "SUSPENDED") or time.monotonic() > deadline:
-                raise PodError(f"queued resource {spec['node_id']} {state.name}")
+            raw = tpu.get_queued_resource(name=name).state.state
+            state = getattr(raw, "name", str(raw))  # a bare int: a state the client lacks
+            if state == "ACTIVE":
+                return raw
+            if state in ("FAILED", "SUSPENDED") or time.monotonic() > deadline:
+                raise PodError(f"queued resource {spec['node_id']} {state}")
             time.sleep(POLL_INITIAL_S)
     except exceptions.GoogleAPICallError as err:
         raise PodError(f"cannot file queued resource {spec['node_id']}: {err.message}") from None

@@ -91,8 +91,10 @@ class QueuedResources:
             self._requests[name] = record
             operation = self.nodes.operations.new(name, "create")
         self._try(record)
-        return self.nodes.operations.finish(operation, {"response": {"@type": QUEUED_TYPE,
-                                                          **self._json(record)}})  # fmt: skip
+        # The response is the request as filed: a state answered later is not in it (strict,
+        # the client's operation parser refuses a state name it lacks).
+        response = {"@type": QUEUED_TYPE, **self._json(record, answered=False)}
+        return self.nodes.operations.finish(operation, {"response": response})
 
     def get_queued_resource(self, project: str, zone: str, queued_resource_id: str) -> dict:
         return self._json(self._found(project, zone, queued_resource_id))
@@ -217,12 +219,13 @@ class QueuedResources:
             return "FAILED"
         return "PROVISIONING"
 
-    def _json(self, record: dict) -> dict:
+    def _json(self, record: dict, answered: bool = True) -> dict:
         with self._lock:
             state = self._state(record)
         body = {k: v for k, v in record["body"].items() if k not in ("name", "createTime", "state")}
         out = {**body, "name": record["name"], "createTime": record["createTime"]}
-        out["state"] = {"state": record["answer"] or state, "stateInitiator": "USER"}
+        served = record["answer"] if answered and record["answer"] is not None else state
+        out["state"] = {"state": served, "stateInitiator": "USER"}
         if state in DATA:
             data = {"error": record["error"]} if state == "FAILED" and record["error"] else {}
             out["state"][DATA[state]] = data

@@ -24,6 +24,7 @@ from ops import queued
 from ops.provider import ProviderError, SliceInfo, SliceState, Worker
 from ops.target import Target
 from ops.tpu_errors import is_stockout, judged, refused
+from ops.tpu_fields import enum_name, symptoms, unnamed
 
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 CALL_TIMEOUT = 30.0
@@ -103,11 +104,15 @@ class TpuProvider:
             node = self._locate()
         if node is None:
             return SliceInfo(SliceState.MISSING, detail="node not found", zone=self.zone)
-        state = SliceState.parse(tpu_v2.Node.State(node.state).name)
-        health = tpu_v2.Node.Health(node.health).name if node.health else None
+        name = enum_name(tpu_v2.Node.State, node.state)
+        state = SliceState.parse(name) if name else SliceState.UNRECOGNIZED
+        health = None
+        if node.health:  # HEALTH_UNSPECIFIED is none; a newer value keeps its number
+            health = enum_name(tpu_v2.Node.Health, node.health) or f"HEALTH_{int(node.health)}"
         workers = self.workers(node) if state is SliceState.READY else []
         spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
-        detail = "; ".join([node.health_description or state.value, *symptoms(node)])
+        said = unnamed("state", node.state) if state is SliceState.UNRECOGNIZED else state.value
+        detail = "; ".join([node.health_description or said, *symptoms(node)])
         return SliceInfo(state, health, workers, detail, dict(node.metadata), spot, self.zone)
 
     def _node(self) -> tpu_v2.Node | None:
@@ -276,13 +281,6 @@ class TpuProvider:
             return method(**kwargs, timeout=CALL_TIMEOUT)
         except Exception as err:  # judged by its body: ops.tpu_errors
             raise judged(err, what, self.node_name, self.target.api_endpoint) from None
-
-
-def symptoms(node: tpu_v2.Node) -> list[str]:
-    """What the TPU API saw go wrong on the node (OUT_OF_MEMORY on worker 1, ...), for the
-    incident's reason and `tpupod status`."""
-    return [f"{tpu_v2.Symptom.SymptomType(s.symptom_type).name} on worker {s.worker_id or '?'}"
-            + (f" ({s.details})" if s.details else "") for s in node.symptoms]  # fmt: skip
 
 
 def make_client(target: Target) -> tpu_v2.TpuClient:

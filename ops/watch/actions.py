@@ -150,6 +150,12 @@ def note_notice(w: WatcherApi, inc: Incident, detail: str) -> None:
     the grace: nothing to do yet."""
 
 
+def note_request(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A queued resource in a state the client cannot name: one line; it is waited on up to
+    its deadline (WatchConfig.request_limit), then filed again."""
+    w.journal.event("unknown_state", detail, zone=w.provider.zone)
+
+
 def close(w: WatcherApi, inc: Incident, detail: str) -> None:
     w.close_incident()
 
@@ -194,6 +200,8 @@ ACTIONS: dict[Action, Callable[..., int | None]] = {
     Action.OPEN_RESTART: open_restart,
     Action.RESTART_FREE: restart_free,
     Action.NOTE_NOTICE: note_notice,
+    Action.NOTE_STATE: nothing,  # opening the incident is its one line (`detected`)
+    Action.NOTE_REQUEST: note_request,
     Action.CLOSE: close,
     Action.FINISH: finish,
     Action.STOP: stop,

@@ -39,12 +39,16 @@ def request(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> See
     if status is None:
         return None
     now = time.time()
-    if status.state != inc.request_state:
+    first = status.state != inc.request_state
+    if first:
         inc.request_state, inc.request_since = status.state, now
     in_state = now - inc.request_since
     limit = w.config.request_limit(status.state, len(w.provider.zones))
-    event = judge.request_event(status.state, in_state, limit)
+    event = judge.request_event(status.state, in_state, limit, first)
     detail = f"queued resource in {w.provider.zone} {status.state}"
+    if event is Event.UNKNOWN_STATE:
+        return event, (f"queued resource in {w.provider.zone}: {status.detail}; waiting up to "
+                       f"{limit:.0f}s, then filing it again")  # fmt: skip
     if event is Event.STOCKOUT:
         detail = f"no capacity in {w.provider.zone}: queued for {in_state:.0f}s"
     elif event is Event.DEADLINE:

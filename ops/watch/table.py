@@ -3,7 +3,8 @@ goes through `advance` and nothing else changes a phase; the watcher journals ea
 
 Pure: no I/O, no clock. `ops.watch.judge` turns what was observed into an `Event`, and
 `ops.watch.actions` holds one plain function per `Action`. `python -m ops.watch` prints the
-table as markdown (docs/recovery-table.md is generated from it; a test keeps it current).
+table as markdown, with the deadlines of what the phases wait on (ops.watch.drawing;
+docs/recovery-table.md is generated from it; a test keeps it current).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Event(StrEnum):
     # What the judged phases observe (node + workers: ops.watch.judge.decide).
     CALM = "calm"  # running, starting, or a transition the TPU API finishes by itself
     NOTICE = "notice"  # a preemption notice: the job saves, the node goes next
+    UNKNOWN_STATE = "unknown-state"  # a state the client cannot name, or Google's UNKNOWN
     RESUMED = "resumed"  # after a recovery, every worker's job runs and reports a step again
     SLICE_LOST = "slice-lost"  # preempted, terminated, missing, or stuck in transition
     UNUSABLE = "unusable"  # READY but its bootstrap failed or a worker stays unreachable
@@ -84,6 +86,8 @@ class Action(StrEnum):
     OPEN_RESTART = "open-restart"  # a crash or hang: keep its stacks, charge, back off
     RESTART_FREE = "restart-free"  # a preempted job on a surviving node: restart, no charge
     NOTE_NOTICE = "note-notice"  # open a preemption incident while the job saves
+    NOTE_STATE = "note-state"  # open an incident for a node state waited on up to its deadline
+    NOTE_REQUEST = "note-request"  # journal a queued resource's state the client cannot name
     CLOSE = "close"  # journal `resumed` with the steps lost; the incident is over
     FINISH = "finish"  # journal `done`: watch exits 0
     STOP = "stop"  # journal the fatal exit: watch exits 3
@@ -96,6 +100,7 @@ P, E, A = Phase, Event, Action
 JUDGED = (P.WATCHING, P.AWAITING_RESUME)
 _JUDGED_ROWS: dict[Event, tuple[Phase | None, Action]] = {  # None: stay in the judged phase
     E.NOTICE: (None, A.NOTE_NOTICE),
+    E.UNKNOWN_STATE: (None, A.NOTE_STATE),
     E.RESUMED: (P.WATCHING, A.CLOSE),
     E.SLICE_LOST: (P.PENDING_RECREATE, A.OPEN_RECREATE),
     E.UNUSABLE: (P.PENDING_RECREATE, A.OPEN_REBUILD),
@@ -122,6 +127,7 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.AWAITING_QUEUED, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),  # another zone's turn
     (P.AWAITING_QUEUED, E.GONE): (P.PENDING_RECREATE, A.RETRY),  # FAILED, SUSPENDED: file anew
     (P.AWAITING_QUEUED, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_QUEUED, E.UNKNOWN_STATE): (P.AWAITING_QUEUED, A.NOTE_REQUEST),
     (P.AWAITING_CAPACITY, E.DUE): (P.AWAITING_CREATE, A.CREATE),
     (P.AWAITING_READY, E.DONE): (P.AWAITING_BOOTSTRAP, A.READY),
     (P.AWAITING_READY, E.GONE): (P.PENDING_RECREATE, A.RETRY),
@@ -149,8 +155,8 @@ OBSERVES: dict[Phase, Observes] = {
     P.AWAITING_BOOTSTRAP: Observes.BOOTSTRAP,
 }
 # Actions that open an incident (or continue the one open): the judged event names its kind.
-OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE, A.STOP,
-         A.ROLL_OUT}  # fmt: skip
+OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE,
+         A.NOTE_STATE, A.STOP, A.ROLL_OUT}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -163,21 +169,3 @@ def advance(phase: Phase, event: Event) -> Transition | None:
     """The row for (phase, event); None where the table has none (nothing happens)."""
     row = TABLE.get((phase, event))
     return Transition(*row) if row else None
-
-
-def markdown() -> str:
-    """The table as docs/recovery-table.md shows it."""
-    lines = [
-        "# The recovery table",
-        "",
-        "Generated from `ops/watch/table.py` by `uv run python -m ops.watch > "
-        "docs/recovery-table.md`; every transition `tpupod watch` makes is one of these rows "
-        "(journaled as a `transition` event). A (phase, event) pair not listed changes nothing.",
-        "",
-        "| phase | event | next phase | action |",
-        "| --- | --- | --- | --- |",
-    ]
-    lines += [f"| {p} | {e} | {to} | {a} |" for (p, e), (to, a) in TABLE.items()]
-    lines += ["", "What each waiting phase observes:", "", "| phase | observes |", "| --- | --- |"]
-    lines += [f"| {p} | {what} |" for p, what in OBSERVES.items()]
-    return "\n".join(lines) + "\n"

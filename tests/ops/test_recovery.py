@@ -57,7 +57,8 @@ def test_every_slice_state_has_a_row():
         (SliceState.TERMINATED, Event.SLICE_LOST),
         (SliceState.DELETING, Event.CALM),
         (SliceState.MISSING, Event.SLICE_LOST),
-        (SliceState.UNKNOWN, Event.CALM),
+        (SliceState.UNKNOWN, Event.UNKNOWN_STATE),  # Google's, after a failed repair
+        (SliceState.UNRECOGNIZED, Event.UNKNOWN_STATE),  # one the client cannot name
     ],
 )
 def test_slice_state_to_action(state, action):
@@ -67,6 +68,21 @@ def test_slice_state_to_action(state, action):
 @pytest.mark.parametrize("state", [s for s, a in SLICE_ACTIONS.items() if a is SliceAction.WAIT])
 def test_a_transition_stuck_past_its_deadline_is_recreated(state):
     assert decide(state, [], SINCE, forever, LIMITS).event is Event.SLICE_LOST
+
+
+@pytest.mark.parametrize(
+    ("state", "limit"), [(SliceState.UNKNOWN, "failed_repair"),
+                         (SliceState.UNRECOGNIZED, "unknown_state")])  # fmt: skip
+def test_a_state_with_a_deadline_of_its_own_is_recreated_after_it_not_the_transient_one(
+    state, limit
+):
+    """Found in issue 48: Google's UNKNOWN and a state the client cannot name waited the
+    transient 30 minutes; each now has its own named deadline (ops.watch.deadlines)."""
+    limits = Limits(transient=1800, failed_repair=300, unknown_state=600)
+    within = decide(state, [], SINCE, lambda _: getattr(limits, limit) - 1, limits, detail="99")
+    assert within.event is Event.UNKNOWN_STATE and limit in within.reason and "99" in within.reason
+    past = decide(state, [], SINCE, lambda _: getattr(limits, limit) + 1, limits)
+    assert past.event is Event.SLICE_LOST and limit in past.reason
 
 
 @pytest.mark.parametrize(
@@ -312,13 +328,16 @@ def test_a_bundle_the_workers_do_not_run_is_rolled_out_only_onto_a_calm_slice_th
         ("WAITING_FOR_RESOURCES", 1e6, 1, Event.RUNNING),  # one zone: the queue is the wait
         ("PROVISIONING", 19.0, 2, Event.RUNNING),  # capacity found: patience was the queue's
         ("PROVISIONING", 21.0, 2, Event.DEADLINE),  # as a create's node to READY
+        ("UNRECOGNIZED", 39.0, 1, Event.RUNNING),  # a state the client cannot name: its own
+        ("UNRECOGNIZED", 41.0, 1, Event.DEADLINE),  # deadline, then filed anew
     ],
 )
 def test_a_queued_resource_state_is_one_event_timed_per_state(state, waited, zones, event):
     from ops.watch.deadlines import WatchConfig
     from ops.watch.judge import request_event
 
-    config = WatchConfig(zone_patience=10.0, ready_deadline=20.0, operation_deadline=30.0)
+    config = WatchConfig(zone_patience=10.0, ready_deadline=20.0, operation_deadline=30.0,
+                         limits=Limits(unknown_state=40.0))  # fmt: skip
     assert request_event(state, waited, config.request_limit(state, zones)) is event
 
 

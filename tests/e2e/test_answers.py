@@ -1,0 +1,84 @@
+"""Google's answers that recovery once mishandled (issue 48), each made by the local TPU API on
+demand (`tpupod local answer`, localpod.tpu_faults) and each met by `watch` through the one
+recovery table, with Google's client in between: a node state the installed client cannot name
+(a new name reads as STATE_UNSPECIFIED, a new number as a bare int), Google's UNKNOWN, and a
+queued request in a state the client cannot name. The module's pod boots the stand-in script
+(conftest); every test leaves its slice recreated and READY."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from localpod.demo.reference import pod_provider
+from localpod.pod import LocalPod
+from ops.provider import SliceState
+from ops.tpu_fields import CLIENT
+from ops.watch import Limits
+from ops.watch.table import Phase
+from tests.e2e.test_capacity import watcher_for
+from tests.e2e.test_provider import CONFIG, drive, phase_is
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+# Deadlines of their own, short; the transient one (30 min) as on GCP: waiting it out would fail.
+ANSWERS = dataclasses.replace(CONFIG, limits=Limits(bootstrap=60, failed_repair=2.0,
+                                                    unknown_state=2.0))  # fmt: skip
+PATIENCE_S = 30.0  # well past the deadlines above, well short of the transient one
+
+
+def events(watcher, name: str) -> list[dict]:
+    return [e for e in watcher.journal.events if e["event"] == name]
+
+
+def recovered(pod: LocalPod, tmp_path: Path):
+    """A watcher driven from now until the slice is recreated and bootstrapped."""
+    provider = pod_provider(pod.paths.root)
+    node_id = provider.client.get_node(name=provider.node_name).id
+    watcher = watcher_for(provider, tmp_path, "journal", ANSWERS)
+    drive(watcher, phase_is(Phase.AWAITING_RESUME), timeout=PATIENCE_S)
+    watcher.close()
+    assert provider.describe().state is SliceState.READY
+    assert provider.client.get_node(name=provider.node_name).id != node_id  # a new node
+    names = [e["event"] for e in watcher.journal.events]
+    assert names.count("recreated") == 1 and "gave_up" not in names, names
+    return watcher
+
+
+@pytest.mark.parametrize("state", ["NEWSTATE", "99"])
+def test_a_node_state_the_client_cannot_name_is_one_line_then_a_recreate(pod, tmp_path, state):
+    """Before: a new name waited the transient 30 minutes as UNKNOWN; a number raised
+    ValueError in ops.tpu and the watcher exited 1 (restarted every 5 s, never recovering)."""
+    pod.answer_node(state=state)
+    watcher = recovered(pod, tmp_path)
+    detected = events(watcher, "detected")
+    assert [e["kind"] for e in detected] == ["unknown-state"], detected
+    message = detected[0]["message"]
+    assert "UNRECOGNIZED" in message and CLIENT in message and "unknown_state" in message
+    assert ("state 99" in message) == (state == "99")
+    lost = [e for e in events(watcher, "transition") if e["on"] == "slice-lost"]
+    assert len(lost) == 1
+
+
+def test_googles_unknown_is_recreated_after_its_own_deadline(pod, tmp_path) -> None:
+    """UNKNOWN: "unknown state after a failed repair". Before: the transient 30 minutes."""
+    pod.answer_node(state="UNKNOWN")
+    watcher = recovered(pod, tmp_path)
+    detected = events(watcher, "detected")
+    assert [e["kind"] for e in detected] == ["unknown-state"]
+    assert "slice UNKNOWN" in detected[0]["message"] and "failed_repair" in detected[0]["message"]
+
+
+@pytest.mark.parametrize("state", ["NEWSTATE", "99"])
+def test_a_queued_request_in_a_state_the_client_cannot_name_is_filed_again(pod, tmp_path, state):
+    """The request recovery files answers a state the client cannot name and is never filled:
+    one line, its own deadline, then it is filed again (before: a number raised ValueError in
+    ops.queued; a name waited an operation's deadline as STATE_UNSPECIFIED)."""
+    pod.answer_requests(state=state)
+    pod.preempt(notice=0)
+    watcher = recovered(pod, tmp_path)
+    said = events(watcher, "unknown_state")
+    assert len(said) == 1 and CLIENT in said[0]["message"], [e["message"] for e in said]
+    assert "filing it again" in said[0]["message"]
+    assert len(events(watcher, "queued")) == 2
