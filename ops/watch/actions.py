@@ -188,6 +188,7 @@ ACTIONS: dict[Action, Callable[..., int | None]] = {
     Action.QUOTA: capacity.quota,
     Action.REGION_QUOTA: capacity.region_quota,
     Action.QUEUED: capacity.queued,
+    Action.REQUEST_FAILED: capacity.request_failed,
     Action.RETRY: retry,
     Action.REBUILD: rebuild,
     Action.RECREATED: recreated,

@@ -47,6 +47,20 @@ def region_quota(w: WatcherApi, inc: Incident, detail: str) -> None:
               w.config.quota_wait, move=False)  # fmt: skip
 
 
+def request_failed(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A queued resource FAILED, neither for capacity nor for quota: filed again after a
+    backoff, on a small budget of its own; then recovery stops with the line naming the error."""
+    inc.request_failures += 1
+    count, budget, zone = inc.request_failures, w.config.request_failure_retries, w.provider.zone
+    if count > budget:
+        raise GiveUp(f"the queued resource in {zone} FAILED {count} times, not for capacity or "
+                     f"quota (budget {budget}); last: {detail}")  # fmt: skip
+    wait = w.config.retry_wait(count)
+    inc.not_before = time.time() + wait
+    w.journal.event("error", f"{detail}; filing it again in {wait:.0f}s ({count} of {budget})",
+                    zone=zone, attempt=count)  # fmt: skip
+
+
 def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
               budget: int | None, wait_for: Callable[[int], float], move: bool = True) -> None:  # fmt: skip
     """A create refused here for capacity or quota: spend that kind's budget, withdraw a

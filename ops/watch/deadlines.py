@@ -66,6 +66,10 @@ class WatchConfig:
     quota_retries: int | None = 30  # quota refusals per incident before giving up
     quota_backoff: float = GCP["quota"]
     quota_backoff_cap: float = 1800.0
+    # A queued resource FAILED for a reason of its own (a bad request, a short reservation):
+    # filed again, but only so often per incident (Google: it "may be due to some
+    # late-discovered problem with the request itself"); then recovery stops, naming the error.
+    request_failure_retries: int = 3
     zone_patience: float = GCP["patience"]  # queued this long in one zone: the next one's turn
     queue_deadline: float = float("inf")  # one zone: its own validUntilDuration ends the wait
     ssh_retries: int = 3

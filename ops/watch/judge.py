@@ -57,6 +57,9 @@ CONDITION_DEADLINES: dict[WorkerCondition, str] = {
     WorkerCondition.STARTING: "start",
 }
 GONE_STATES = {SliceState.PREEMPTED, SliceState.TERMINATED, SliceState.MISSING}
+# A FAILED queued resource's error, as ops.tpu_errors.failure_kind reads it -> event.
+REFUSALS = {"stockout": Event.STOCKOUT, "quota": Event.QUOTA, "region-quota": Event.REGION_QUOTA,
+            "other": Event.REQUEST_FAILED}  # fmt: skip
 # How long (seconds) the caller has seen a slice state or worker condition without a change.
 Waited = Callable[[str], float]
 
@@ -181,17 +184,19 @@ def operation_event(
     return Event.DEADLINE if waited > deadline else Event.RUNNING
 
 
-def request_event(state: str, waited: float, limit: float, first: bool = False) -> Event:
-    """A queued resource (ops.queued) `waited` seconds in `state`: filled, dead (filed anew), or
-    on its way until its state's `limit` (WatchConfig.request_limit); past it a request still in
-    the zone's queue gives another zone its turn, one stuck elsewhere is filed anew. A state
-    the client cannot name is announced when `first` seen."""
+def request_event(state: str, waited: float, limit: float, first: bool = False,
+                  failure: str = "stockout") -> Event:  # fmt: skip
+    """A queued resource (ops.queued) `waited` seconds in `state`: filled, FAILED (as its error
+    says: `failure`, REFUSALS), dead (filed anew), or on its way until its state's `limit`
+    (WatchConfig.request_limit); past it a request still in the zone's queue gives another zone
+    its turn, one stuck elsewhere is filed anew. A state the client cannot name is announced
+    when `first` seen."""
     if state == queued.UNRECOGNIZED and first and waited <= limit:
         return Event.UNKNOWN_STATE
     if state == queued.FILLED:
         return Event.DONE
-    if state == queued.UNFILLED:  # expired or not provisioned here: another zone's turn
-        return Event.STOCKOUT
+    if state == queued.UNFILLED:
+        return REFUSALS[failure]
     if state in queued.DEAD:
         return Event.GONE
     if waited > limit:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ops import queued
 from ops.provider import SliceState
+from ops.tpu_errors import failure_kind
 from ops.watch import judge
 from ops.watch.api import WatcherApi
 from ops.watch.incident import Incident
@@ -44,7 +46,8 @@ def request(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> See
         inc.request_state, inc.request_since = status.state, now
     in_state = now - inc.request_since
     limit = w.config.request_limit(status.state, len(w.provider.zones))
-    event = judge.request_event(status.state, in_state, limit, first)
+    failure = failure_kind(status.code, status.detail) if status.state == queued.UNFILLED else ""
+    event = judge.request_event(status.state, in_state, limit, first, failure or "stockout")
     detail = f"queued resource in {w.provider.zone} {status.state}"
     if event is Event.UNKNOWN_STATE:
         return event, (f"queued resource in {w.provider.zone}: {status.detail}; waiting up to "

@@ -36,6 +36,7 @@ class Event(StrEnum):
     QUOTA = "quota"  # create refused for a zone's quota (HTTP 429 whose body names a quota)
     REGION_QUOTA = "region-quota"  # refused for a region's quota: no zone of it can help
     QUEUED = "queued"  # the create filed a queued resource: its node comes with capacity
+    REQUEST_FAILED = "request-failed"  # the queued resource FAILED, not for capacity or quota
     FAILED = "failed"  # operation error, or a bootstrap failed
     GONE = "gone"  # the node was preempted, terminated or deleted meanwhile
     DEADLINE = "deadline"  # the phase outlasted its deadline
@@ -75,6 +76,7 @@ class Action(StrEnum):
     REGION_QUOTA = "region-quota"  # journal the quota, spend the quota budget, back off here
     QUEUED = "queued"  # journal `queued`: the request waits in the zone's queue
     RETRY = "retry"  # journal the error, back off, recreate again (no budget spent)
+    REQUEST_FAILED = "request-failed"  # journal the error, spend its budget, back off, file anew
     REBUILD = "rebuild"  # a failure: charge the failure budget, then recreate
     RECREATED = "recreated"  # journal `recreated`
     READY = "ready"  # journal `ready`; files older than now are stale
@@ -124,8 +126,12 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.AWAITING_CREATE, E.FAILED): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_CREATE, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_QUEUED, E.DONE): (P.AWAITING_READY, A.RECREATED),
+    # FAILED, judged by its error: capacity, a zone's or a region's quota, or its own problem
     (P.AWAITING_QUEUED, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),  # another zone's turn
-    (P.AWAITING_QUEUED, E.GONE): (P.PENDING_RECREATE, A.RETRY),  # FAILED, SUSPENDED: file anew
+    (P.AWAITING_QUEUED, E.QUOTA): (P.AWAITING_CAPACITY, A.QUOTA),
+    (P.AWAITING_QUEUED, E.REGION_QUOTA): (P.AWAITING_CAPACITY, A.REGION_QUOTA),
+    (P.AWAITING_QUEUED, E.REQUEST_FAILED): (P.PENDING_RECREATE, A.REQUEST_FAILED),
+    (P.AWAITING_QUEUED, E.GONE): (P.PENDING_RECREATE, A.RETRY),  # SUSPENDED, gone: file anew
     (P.AWAITING_QUEUED, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_QUEUED, E.UNKNOWN_STATE): (P.AWAITING_QUEUED, A.NOTE_REQUEST),
     (P.AWAITING_CAPACITY, E.DUE): (P.AWAITING_CREATE, A.CREATE),

@@ -1,8 +1,8 @@
 """Google's answers that recovery once mishandled (issue 48), each made by the local TPU API on
 demand (`tpupod local answer`, localpod.tpu_faults) and each met by `watch` through the one
 recovery table, with Google's client in between: a node state the installed client cannot name
-(a new name reads as STATE_UNSPECIFIED, a new number as a bare int), Google's UNKNOWN, and a
-queued request in a state the client cannot name. The module's pod boots the stand-in script
+(a new name reads as STATE_UNSPECIFIED, a new number as a bare int), Google's UNKNOWN, a queued
+request in a state the client cannot name, and a queued request FAILED for each reason. The module's pod boots the stand-in script
 (conftest); every test leaves its slice recreated and READY."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
 from ops.provider import SliceState
 from ops.tpu_fields import CLIENT
-from ops.watch import Limits
+from ops.watch import GiveUp, Limits
 from ops.watch.table import Phase
 from tests.e2e.test_capacity import watcher_for
 from tests.e2e.test_provider import CONFIG, drive, phase_is
@@ -24,8 +24,10 @@ from tests.e2e.test_provider import CONFIG, drive, phase_is
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 # Deadlines of their own, short; the transient one (30 min) as on GCP: waiting it out would fail.
 ANSWERS = dataclasses.replace(CONFIG, limits=Limits(bootstrap=60, failed_repair=2.0,
-                                                    unknown_state=2.0))  # fmt: skip
+                                                    unknown_state=2.0), quota_backoff=0.5)  # fmt: skip
 PATIENCE_S = 30.0  # well past the deadlines above, well short of the transient one
+ZONE_QUOTA = "TPULocalCPUPreemptiblePerProjectPerZoneForTPUAPI"
+REGION_QUOTA = "TPULocalCPUPreemptiblePerProjectPerRegionForTPUAPI"
 
 
 def events(watcher, name: str) -> list[dict]:
@@ -35,6 +37,7 @@ def events(watcher, name: str) -> list[dict]:
 def recovered(pod: LocalPod, tmp_path: Path):
     """A watcher driven from now until the slice is recreated and bootstrapped."""
     provider = pod_provider(pod.paths.root)
+    provider.describe()  # the zone the node is in now (an earlier test may have moved it)
     node_id = provider.client.get_node(name=provider.node_name).id
     watcher = watcher_for(provider, tmp_path, "journal", ANSWERS)
     drive(watcher, phase_is(Phase.AWAITING_RESUME), timeout=PATIENCE_S)
@@ -82,3 +85,57 @@ def test_a_queued_request_in_a_state_the_client_cannot_name_is_filed_again(pod, 
     assert len(said) == 1 and CLIENT in said[0]["message"], [e["message"] for e in said]
     assert "filing it again" in said[0]["message"]
     assert len(events(watcher, "queued")) == 2
+
+
+@pytest.mark.parametrize(("kind", "named", "moves"), [("quota", ZONE_QUOTA, True),
+                                                    ("region-quota", REGION_QUOTA, False)])  # fmt: skip
+def test_a_request_failed_for_quota_backs_off_where_another_zone_can_help(
+    pod, tmp_path, kind, named, moves
+) -> None:
+    """FAILED with a quota named: the quota's budget and backoff, in the next zone for a zone's
+    quota and in place for a region's (before: every FAILED counted as a stockout)."""
+    here = pod_provider(pod.paths.root).describe().zone
+    pod.answer_requests(fail=kind, zone=here)
+    pod.preempt(notice=0)
+    watcher = recovered(pod, tmp_path)
+    quota = events(watcher, "quota")
+    assert len(quota) == 1 and named in quota[0]["message"], quota
+    assert quota[0]["zone"] == here and (quota[0]["next_zone"] != here) == moves
+    assert (watcher.incident.quota_refusals, watcher.incident.stockouts) == (1, 0)
+    assert [e["zone"] for e in events(watcher, "recreated")] == [quota[0]["next_zone"]]
+
+
+def test_a_request_failed_for_capacity_keeps_trying(pod, tmp_path) -> None:
+    """Past the budget of a request's own failures, a stockout is still no failure (a guard:
+    this was right before too)."""
+    failures = ANSWERS.request_failure_retries + 1
+    pod.answer_requests(fail="stockout", count=failures)
+    pod.preempt(notice=0)
+    watcher = recovered(pod, tmp_path)
+    assert len(events(watcher, "stockout")) == failures
+
+
+@pytest.mark.parametrize(("kind", "said"), [("invalid", "INVALID_ARGUMENT (3): Cloud TPU received "
+                                             "a bad request"),
+                                            ("reservation", "FAILED_PRECONDITION (9): Insufficient "
+                                             "reserved capacity")])  # fmt: skip
+def test_a_request_failed_for_its_own_reason_has_a_small_budget_then_one_line(
+    pod_factory, tmp_path, kind, said
+) -> None:
+    """Filed again up to request_failure_retries times, then recovery stops, naming the error
+    (before: counted as a stockout and filed again forever)."""
+    local = pod_factory()
+    local.up()
+    provider = pod_provider(local.paths.root)
+    provider.zones = [provider.zone]
+    local.answer_requests(fail=kind, count=10)
+    watcher = watcher_for(provider, tmp_path, "journal", ANSWERS)
+    local.preempt(notice=0)
+    with pytest.raises(GiveUp) as gave_up:
+        drive(watcher, lambda w: False, timeout=PATIENCE_S)
+    watcher.close()
+    budget = ANSWERS.request_failure_retries
+    assert f"FAILED {budget + 1} times" in str(gave_up.value) and said in str(gave_up.value)
+    errors = [e["message"] for e in events(watcher, "error")]
+    assert len(errors) == budget and all(said in m for m in errors), errors
+    assert "stockout" not in [e["event"] for e in watcher.journal.events]

@@ -391,3 +391,15 @@ def test_a_status_that_says_failed_with_a_fatal_code_is_fatal_before_the_process
     noticed = probe(state="failed", alive=True, preempted_flag=True)
     noticed.status.exit_code = 2
     assert judge(noticed) is not WorkerCondition.FATAL
+
+
+@pytest.mark.parametrize(
+    ("failure", "event"),
+    [("stockout", Event.STOCKOUT), ("quota", Event.QUOTA), ("region-quota", Event.REGION_QUOTA),
+     ("other", Event.REQUEST_FAILED)],
+)  # fmt: skip
+def test_a_failed_queued_resource_is_judged_by_its_error(failure, event):
+    """Found in issue 48: every FAILED request counted as a stockout and was filed forever."""
+    from ops.watch.judge import request_event
+
+    assert request_event("FAILED", 0.0, 10.0, failure=failure) is event
