@@ -224,8 +224,9 @@ class TpuProvider:
         queue, or dead (FAILED, SUSPENDED); its delete is not waited for. True once none is
         left asking there."""
         with contextlib.suppress(gexc.NotFound):
+            name = self.request_in(zone or self.zone)
             self._call("queuedResources.delete", self.client.delete_queued_resource,
-                       request={"name": self.request_in(zone or self.zone), "force": True})  # fmt: skip
+                       request={"name": name, "force": True})  # fmt: skip
         return True
 
     def start_create(self, attempt: int | None = None) -> str | None:

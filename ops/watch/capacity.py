@@ -62,7 +62,8 @@ def request_failed(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 
 def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
-              budget: int | None, wait_for: Callable[[int], float], move: bool = True) -> None:  # fmt: skip
+              budget: int | None, wait_for: Callable[[int], float],
+              move: bool = True) -> None:  # fmt: skip
     """A create refused here for capacity or quota: spend that kind's budget, withdraw a
     request still queued here, and try the next zone of tpupod:zones after its own backoff
     (a zone not refused yet in this incident at once; one zone, or not `move`: this one

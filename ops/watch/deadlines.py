@@ -17,9 +17,10 @@ from ops.watch.table import Phase
 PROFILES: dict[str, dict[str, float]] = {
     "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
                 grace=60.0, capacity=60.0, quota=300.0, patience=1800.0, failed_repair=300.0,
-                unknown_state=600.0),
+                unknown_state=600.0, spot_maintenance=600.0),
     "local": dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
-                  capacity=2.0, quota=2.0, patience=3.0, failed_repair=10.0, unknown_state=20.0),
+                  capacity=2.0, quota=2.0, patience=3.0, failed_repair=10.0, unknown_state=20.0,
+                  spot_maintenance=60.0),
 }  # fmt: skip
 GCP = PROFILES["gcp"]
 
@@ -40,6 +41,9 @@ class Limits:
     failed_repair: float = GCP["failed_repair"]
     # A state the installed client cannot name (a newer one): the node's, or a queued request's.
     unknown_state: float = GCP["unknown_state"]
+    # A spot node's maintenance (health UNHEALTHY_MAINTENANCE) from its start: past it the node
+    # counts as lost and is recreated (GCE ends spot VMs for host maintenance).
+    spot_maintenance: float = GCP["spot_maintenance"]
 
     def progress_limit(self, state: str) -> float:
         """How long a state may last without a new step before it counts as a hang."""
@@ -133,6 +137,7 @@ def config_for(
         preempt_grace=d["grace"],
         failed_repair=d["failed_repair"],
         unknown_state=d["unknown_state"],
+        spot_maintenance=d["spot_maintenance"],
     )
     max_failures, backoff_s = given.get("max_failures"), given.get("backoff")
     return WatchConfig(

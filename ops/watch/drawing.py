@@ -5,7 +5,7 @@ read from the definitions (ops.watch.conditions, ops.watch.deadlines); a test ke
 from __future__ import annotations
 
 from ops import queued
-from ops.watch.conditions import SLICE_ACTIONS, STATE_DEADLINES, SliceAction
+from ops.watch.conditions import NOTICE_HEALTH, SLICE_ACTIONS, STATE_DEADLINES, SliceAction
 from ops.watch.deadlines import REQUEST_LIMITS, WatchConfig, config_for
 from ops.watch.table import OBSERVES, TABLE
 
@@ -50,6 +50,10 @@ def deadlines() -> list[str]:
     waits = [s for s, action in SLICE_ACTIONS.items() if action is SliceAction.WAIT]
     lines += [row(f"node {s}{NOTES.get(s, '')}", "limits." + STATE_DEADLINES.get(s, "transient"))
               for s in waits]  # fmt: skip
+    for health in NOTICE_HEALTH:
+        lines.append(row(f"node READY, {health}, spot (one in-place restart first)",
+                         "limits.spot_maintenance"))  # fmt: skip
+        lines.append(row(f"node READY, {health}, on-demand or reserved", "limits.transient"))
     lines.append(row(f"queued resource {queued.WAITING}, with another zone to try",
                      "zone_patience"))  # fmt: skip
     lines += [row(f"queued resource {state}{NOTES.get(state, '')}", name)

@@ -143,15 +143,25 @@ def decide(
         why = f"maintenance ({health}): the node resumes by itself, its job at boot"
         return Decision(Event.CALM, why, key=MAINTENANCE)
     if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH:
-        # The node is going away: wait for it (the job saves), then restart if it stays.
-        cond = WorkerCondition.PREEMPTED
-        event = Event.JOB_PREEMPTED if waited(cond) > limits.preempt_grace else Event.NOTICE
-        return Decision(event, f"{NOTICE_HEALTH[health]} ({health})", cond)
+        return decide_spot_maintenance(health, waited(MAINTENANCE), limits)
     if slice_action is SliceAction.RECREATE:
         return Decision(Event.SLICE_LOST, f"slice {state}", key=state)
     if slice_action is SliceAction.WAIT:
         return decide_waiting(state, waited(state), limits, detail)
     return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step, bundle)
+
+
+def decide_spot_maintenance(health: str, waited: float, limits: Limits) -> Decision:
+    """A spot node under maintenance is going away: wait while the job saves (the notice's
+    grace), then the one in-place restart of this maintenance event (the table has its row only
+    from a calm slice, so one per event), and past `spot_maintenance` it counts as lost."""
+    cond, said = WorkerCondition.PREEMPTED, f"{NOTICE_HEALTH[health]} ({health})"
+    if waited > limits.spot_maintenance:
+        limit = limits.spot_maintenance
+        why = f"{said} for {waited:.0f}s (deadline spot_maintenance, {limit:.0f}s): lost"
+        return Decision(Event.SLICE_LOST, why, cond, key=MAINTENANCE)
+    event = Event.SPOT_MAINTENANCE if waited > limits.preempt_grace else Event.NOTICE
+    return Decision(event, said, cond, key=MAINTENANCE)
 
 
 def decide_waiting(
@@ -227,8 +237,8 @@ def bootstrap_event(
 
 def refine(event: Event, recovering: bool, resumed: bool) -> Event:
     """The judged event in the light of the open incident: a notice or a state waited on during
-    a recovery belongs to it (no new incident), and a calm slice after a recovery is RESUMED once every worker's job
-    runs and reports a step again."""
+    a recovery belongs to it (no new incident), and a calm slice after a recovery is RESUMED
+    once every worker's job runs and reports a step again."""
     if recovering and event in (Event.NOTICE, Event.UNKNOWN_STATE):
         return Event.CALM
     if recovering and event is Event.CALM and resumed:

@@ -45,6 +45,7 @@ class Event(StrEnum):
     # What the judged phases observe (node + workers: ops.watch.judge.decide).
     CALM = "calm"  # running, starting, or a transition the TPU API finishes by itself
     NOTICE = "notice"  # a preemption notice: the job saves, the node goes next
+    SPOT_MAINTENANCE = "spot-maintenance"  # a spot node still under maintenance past the grace
     UNKNOWN_STATE = "unknown-state"  # a state the client cannot name, or Google's UNKNOWN
     RESUMED = "resumed"  # after a recovery, every worker's job runs and reports a step again
     SLICE_LOST = "slice-lost"  # preempted, terminated, missing, or stuck in transition
@@ -146,6 +147,9 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.PENDING_RESTART, E.GONE): (P.WATCHING, A.HAND_BACK),
     # Only from a calm slice: a recovery (a failed rollout's included) finishes first.
     (P.WATCHING, E.NEW_BUNDLE): (P.AWAITING_RESUME, A.ROLL_OUT),
+    # One in-place restart per maintenance event: in awaiting-resume the event has no row; the
+    # node counts as lost (slice-lost) once the maintenance outlasts its deadline.
+    (P.WATCHING, E.SPOT_MAINTENANCE): (P.AWAITING_RESUME, A.RESTART_FREE),
     **{(phase, event): (to or phase, action)
        for phase in JUDGED for event, (to, action) in _JUDGED_ROWS.items()},
 }  # fmt: skip

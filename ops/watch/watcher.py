@@ -151,7 +151,7 @@ class Watcher:
                                 self.config.limits, info.health, self.rules,
                                 self.last_step, info.bundle, info.spot, info.detail)  # fmt: skip
         self._tick(decision.key)
-        if decision.key == MAINTENANCE:  # the VMs reboot: what they wrote before is stale
+        if decision.key == MAINTENANCE and not info.spot:  # the VMs reboot: their files are stale
             self.since = time.time()
         if self.on_poll is not None:
             self.on_poll(self, self.probes)
@@ -239,7 +239,8 @@ class Watcher:
     def restarted_now(self) -> None:
         """The job starts afresh: files older than now belong to the last attempt."""
         self.since = time.time()
-        self.first_seen.clear()
+        # A maintenance event is the node's, not the job's: a restart does not start it again.
+        self.first_seen = {k: v for k, v in self.first_seen.items() if k == MAINTENANCE}
 
     def milestone(self, name: str, started: float, message: str, **fields) -> None:
         now = time.time()

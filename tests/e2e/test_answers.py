@@ -2,8 +2,8 @@
 demand (`tpupod local answer`, localpod.tpu_faults) and each met by `watch` through the one
 recovery table, with Google's client in between: a node state the installed client cannot name
 (a new name reads as STATE_UNSPECIFIED, a new number as a bare int), Google's UNKNOWN, a queued
-request in a state the client cannot name, and a queued request FAILED for each reason. The module's pod boots the stand-in script
-(conftest); every test leaves its slice recreated and READY."""
+request in a state the client cannot name, and a queued request FAILED for each reason. The
+module's pod boots the stand-in script (conftest); every test leaves its slice READY."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from tests.e2e.test_provider import CONFIG, drive, phase_is
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 # Deadlines of their own, short; the transient one (30 min) as on GCP: waiting it out would fail.
-ANSWERS = dataclasses.replace(CONFIG, limits=Limits(bootstrap=60, failed_repair=2.0,
-                                                    unknown_state=2.0), quota_backoff=0.5)  # fmt: skip
+LIMITS = Limits(bootstrap=60, failed_repair=2.0, unknown_state=2.0, preempt_grace=1.0,
+                spot_maintenance=6.0)  # fmt: skip
+ANSWERS = dataclasses.replace(CONFIG, limits=LIMITS, quota_backoff=0.5)
 PATIENCE_S = 30.0  # well past the deadlines above, well short of the transient one
 ZONE_QUOTA = "TPULocalCPUPreemptiblePerProjectPerZoneForTPUAPI"
 REGION_QUOTA = "TPULocalCPUPreemptiblePerProjectPerRegionForTPUAPI"
@@ -40,7 +41,8 @@ def recovered(pod: LocalPod, tmp_path: Path):
     provider.describe()  # the zone the node is in now (an earlier test may have moved it)
     node_id = provider.client.get_node(name=provider.node_name).id
     watcher = watcher_for(provider, tmp_path, "journal", ANSWERS)
-    drive(watcher, phase_is(Phase.AWAITING_RESUME), timeout=PATIENCE_S)
+    resumed = phase_is(Phase.AWAITING_RESUME)
+    drive(watcher, lambda w: resumed(w) and bool(events(w, "recreated")), timeout=PATIENCE_S)
     watcher.close()
     assert provider.describe().state is SliceState.READY
     assert provider.client.get_node(name=provider.node_name).id != node_id  # a new node
@@ -87,8 +89,9 @@ def test_a_queued_request_in_a_state_the_client_cannot_name_is_filed_again(pod, 
     assert len(events(watcher, "queued")) == 2
 
 
-@pytest.mark.parametrize(("kind", "named", "moves"), [("quota", ZONE_QUOTA, True),
-                                                    ("region-quota", REGION_QUOTA, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "named", "moves"), [("quota", ZONE_QUOTA, True), ("region-quota", REGION_QUOTA, False)]
+)
 def test_a_request_failed_for_quota_backs_off_where_another_zone_can_help(
     pod, tmp_path, kind, named, moves
 ) -> None:
@@ -139,3 +142,21 @@ def test_a_request_failed_for_its_own_reason_has_a_small_budget_then_one_line(
     errors = [e["message"] for e in events(watcher, "error")]
     assert len(errors) == budget and all(said in m for m in errors), errors
     assert "stockout" not in [e["event"] for e in watcher.journal.events]
+
+
+def test_a_spot_node_under_maintenance_is_restarted_in_place_once_then_recreated(
+    pod, tmp_path
+) -> None:
+    """Health UNHEALTHY_MAINTENANCE on a spot node that keeps running: the notice's grace, one
+    in-place restart for this maintenance event, and past spot_maintenance the node counts as
+    lost (before: restarted in place every grace period for as long as the health lasted)."""
+    pod.answer_node(health="UNHEALTHY_MAINTENANCE")
+    watcher = recovered(pod, tmp_path)
+    moves = events(watcher, "transition")
+    restarts = [(m["on"], m["action"]) for m in moves if m["action"] == "restart-free"]
+    assert restarts == [("spot-maintenance", "restart-free")], restarts
+    tried = events(watcher, "restarted") + [e for e in events(watcher, "error")
+                                            if "restart failed" in e["message"]]  # fmt: skip
+    assert len(tried) == 1, [e["message"] for e in watcher.journal.events]
+    assert [m["on"] for m in moves if m["action"] == "open-recreate"] == ["slice-lost"]
+    assert [e["kind"] for e in events(watcher, "detected")] == ["preemption"]

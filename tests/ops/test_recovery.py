@@ -231,10 +231,22 @@ def test_done_needs_every_worker_at_the_declared_steps():
 
 
 def test_maintenance_health_is_a_preemption_notice_on_a_spot_node():
-    d = decide(SliceState.READY, [probe()], SINCE, never, LIMITS, "UNHEALTHY_MAINTENANCE")
-    assert (d.event, d.condition) == (Event.NOTICE, WorkerCondition.PREEMPTED)
-    d = decide(SliceState.READY, [probe()], SINCE, forever, LIMITS, "UNHEALTHY_MAINTENANCE")
-    assert d.event is Event.JOB_PREEMPTED
+    """A notice, then (past the grace) the one in-place restart of the maintenance event, then
+    (past spot_maintenance, timed from the event's start) a lost slice. Found in issue 48: it
+    was JOB_PREEMPTED, restarted in place every grace period for as long as it lasted."""
+
+    def at(seconds):
+        return decide(SliceState.READY, [probe()], SINCE, lambda key: seconds, LIMITS,
+                      "UNHEALTHY_MAINTENANCE")  # fmt: skip
+
+    d = at(0.0)
+    assert (d.event, d.condition, d.key) == (Event.NOTICE, WorkerCondition.PREEMPTED, "maintenance")
+    assert at(LIMITS.preempt_grace + 1).event is Event.SPOT_MAINTENANCE
+    assert at(LIMITS.spot_maintenance + 1).event is Event.SLICE_LOST
+    from ops.watch.table import Phase, advance
+
+    assert advance(Phase.WATCHING, Event.SPOT_MAINTENANCE).phase is Phase.AWAITING_RESUME
+    assert advance(Phase.AWAITING_RESUME, Event.SPOT_MAINTENANCE) is None  # once per event
 
 
 def test_maintenance_of_an_on_demand_node_is_waited_for_not_restarted_over_ssh():
