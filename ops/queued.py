@@ -40,7 +40,12 @@ def request_for(node: tpu_v2.Node, parent: str, node_id: str, capacity: dict
                 ) -> tpu_v2.QueuedResource:  # fmt: skip
     """The queued resource asking for `node`: the spot tier for a spot node (a reserved or
     on-demand node carries its tier in its own schedulingConfig), `valid_for_s` as the queueing
-    policy's validUntilDuration, `reservation` as reservationName."""
+    policy's validUntilDuration, `reservation` as reservationName. Spot is said once, as gcloud
+    says it (`queued-resources create --spot`: the tier, and no schedulingConfig on the node)."""
+    spot = bool(node.scheduling_config.spot)
+    if spot:
+        node = tpu_v2.Node(node)  # a copy: the caller's node keeps its schedulingConfig
+        del node.scheduling_config
     request = tpu_v2.QueuedResource(
         tpu=tpu_v2.QueuedResource.Tpu(
             node_spec=[
@@ -48,7 +53,7 @@ def request_for(node: tpu_v2.Node, parent: str, node_id: str, capacity: dict
             ]
         )
     )
-    if node.scheduling_config.spot:
+    if spot:
         request.spot = tpu_v2.QueuedResource.Spot()
     if capacity.get("valid_for_s"):
         request.queueing_policy = tpu_v2.QueuedResource.QueueingPolicy(

@@ -44,7 +44,8 @@ def recovered(pod: LocalPod, tmp_path: Path):
     resumed = phase_is(Phase.AWAITING_RESUME)
     drive(watcher, lambda w: resumed(w) and bool(events(w, "recreated")), timeout=PATIENCE_S)
     watcher.close()
-    assert provider.describe().state is SliceState.READY
+    info = provider.describe()
+    assert info.state is SliceState.READY and info.spot  # spot from the request's tier alone
     assert provider.client.get_node(name=provider.node_name).id != node_id  # a new node
     names = [e["event"] for e in watcher.journal.events]
     assert names.count("recreated") == 1 and "gave_up" not in names, names
