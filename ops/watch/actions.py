@@ -28,7 +28,9 @@ def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
                         keys=refreshed)  # fmt: skip
     w.close()
     inc.started = time.time()
-    inc.operation = w.api(w.provider.start_delete)
+    inc.operation = w.api(w.provider.start_delete)  # the request here goes with its node
+    if w.provider.zone in inc.queued_zones and not w.provider_errors:
+        inc.queued_zones.remove(w.provider.zone)
     if inc.operation is None and w.provider_errors:
         w.on(Event.NOT_ISSUED, detail)  # not issued: try again next poll
 
@@ -37,12 +39,15 @@ def create(w: WatcherApi, inc: Incident, detail: str) -> None:
     inc.operation = None
     inc.zone = w.provider.zone
     if w.provider.queued:
-        capacity.sweep(w)
+        capacity.sweep(w, inc)
+    beside = any(z != w.provider.zone for z in inc.queued_zones)  # a request waits elsewhere
     try:  # refused at once: the same events as an operation that failed
         inc.operation = w.provider.start_create(attempt=w.state.attempt + 1)
-    except Stockout as err:
-        return w.on(Event.STOCKOUT, str(err))
-    except QuotaExceeded as err:
+    except (Stockout, QuotaExceeded) as err:
+        if beside:  # that one keeps its place; no budget is spent
+            return w.on(Event.REFUSED_BESIDE, str(err))
+        if isinstance(err, Stockout):
+            return w.on(Event.STOCKOUT, str(err))
         return w.on(Event.REGION_QUOTA if err.regional else Event.QUOTA, str(err))
     except Refused as err:  # permission or an invalid spec: no retry can pass it
         raise GiveUp(str(err)) from None
@@ -51,6 +56,11 @@ def create(w: WatcherApi, inc: Incident, detail: str) -> None:
     if inc.operation is None:  # the node (or its request) exists already: filed before a restart
         return w.on(Event.QUEUED if w.provider.queued else Event.DONE)
     return None
+
+
+def filled(w: WatcherApi, inc: Incident, detail: str) -> None:
+    capacity.withdraw_others(w, inc)
+    recreated(w, inc, detail)
 
 
 def retry(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -188,6 +198,9 @@ ACTIONS: dict[Action, Callable[..., int | None]] = {
     Action.QUOTA: capacity.quota,
     Action.REGION_QUOTA: capacity.region_quota,
     Action.QUEUED: capacity.queued,
+    Action.FILE_BESIDE: capacity.file_beside,
+    Action.KEEP_PLACE: capacity.keep_place,
+    Action.FILLED: filled,
     Action.REQUEST_FAILED: capacity.request_failed,
     Action.RETRY: retry,
     Action.REBUILD: rebuild,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ops import queued as requests
 from ops.watch.api import GiveUp, WatcherApi
 from ops.watch.incident import Incident
 
@@ -23,8 +24,48 @@ UNFILLABLE = {"FAILED", "SUSPENDED"}
 
 def queued(w: WatcherApi, inc: Incident, detail: str) -> None:
     inc.request_state, inc.request_since = None, 0.0  # a new request: its states timed afresh
-    w.journal.event("queued", f"queued resource filed in {w.provider.zone}: the node comes when "
-                    "the zone has capacity", zone=w.provider.zone)  # fmt: skip
+    here = w.provider.zone
+    beside = [z for z in inc.queued_zones if z != here]
+    inc.queued_zones = [*beside, here]
+    also = f" beside the one(s) waiting in {', '.join(beside)}" if beside else ""
+    w.journal.event("queued", f"queued resource filed in {here}{also}: the node comes when "
+                    "the zone has capacity", zone=here)  # fmt: skip
+
+
+def file_beside(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A request waited out its zone's patience: the next zone that holds no request of ours
+    gets one too, filed at once (the next create), beside it; the waiting one keeps its place in
+    its queue, and the first filled wins (`withdraw_others`)."""
+    here, zones = w.provider.zone, w.provider.zones
+    start = zones.index(here)
+    there = next(z for z in zones[start + 1 :] + zones[:start] if z not in inc.queued_zones)
+    w.provider.move_to(there)
+    inc.zone, inc.not_before = there, time.time()
+    w.journal.event("beside", f"{detail}; filing in {there} beside it: the request in {here} "
+                    "keeps its place", zone=here, next_zone=there)  # fmt: skip
+
+
+def keep_place(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A create beside a waiting request was refused (quota permits no second request, or no
+    capacity): no budget spent; the newest waiting request is followed again, and another zone
+    is tried after its patience, from now."""
+    here = w.provider.zone
+    back = [z for z in inc.queued_zones if z != here][-1]
+    w.provider.move_to(back)
+    inc.zone, inc.request_state, inc.request_since = back, None, 0.0
+    w.journal.event("kept_place", f"{detail}; the request in {back} keeps its place (another "
+                    "zone is tried after its patience)", zone=here, next_zone=back)  # fmt: skip
+
+
+def withdraw_others(w: WatcherApi, inc: Incident) -> None:
+    """The first request filled wins: the incident's others are withdrawn (one line)."""
+    winner = w.provider.zone
+    others = [z for z in inc.queued_zones if z != winner]
+    gone = [z for z in others if w.api(lambda z=z: w.provider.abandon_request(z)) is not None]
+    inc.queued_zones = [winner, *(z for z in others if z not in gone)]
+    if gone:
+        w.journal.event("withdrawn", f"queued resource in {', '.join(gone)} withdrawn: the one in "
+                        f"{winner} was filled first", zone=winner, zones=gone)  # fmt: skip
 
 
 def stockout(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -75,6 +116,8 @@ def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
     there = w.provider.next_zone() if move else here
     if w.provider.queued and w.api(w.provider.abandon_request) is None:
         there = here  # not withdrawn (a TPU API error): never leave a live request behind
+    elif here in inc.queued_zones:
+        inc.queued_zones.remove(here)
     w.provider.move_to(there)
     inc.zone = there
     wait = wait_for(inc.zone_tries.get(there, 0))
@@ -84,15 +127,24 @@ def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
                     zone=here, next_zone=there)  # fmt: skip
 
 
-def sweep(w: WatcherApi) -> None:
+def sweep(w: WatcherApi, inc: Incident) -> None:
     """Before filing: delete every request of ours in tpupod:zones that can no longer be filled
-    (one journal line each). A TPU API error leaves it for the next create."""
+    (one journal line each; a TPU API error leaves it for the next create); one still asking in
+    another zone keeps its place (it joins the incident's: a watch restarted, a withdrawal
+    that failed)."""
     for zone in w.provider.zones:
         status = w.api(lambda zone=zone: w.provider.request_status(zone))
-        if status is None or status.state not in UNFILLABLE:
+        if status is None or status.state == requests.MISSING:
+            continue
+        asking = status.state not in requests.DEAD
+        if asking and zone != w.provider.zone and zone not in inc.queued_zones:
+            inc.queued_zones.append(zone)
+        if status.state not in UNFILLABLE:
             continue
         if w.api(lambda zone=zone: w.provider.abandon_request(zone)) is None:
             continue
+        if zone in inc.queued_zones:
+            inc.queued_zones.remove(zone)
         why = f": {status.detail}" if status.detail else ""
         w.journal.event("withdrawn", f"queued resource in {zone} {status.state}{why}; deleted "
                         "before filing again", zone=zone, state=status.state)  # fmt: skip

@@ -74,7 +74,7 @@ class WatchConfig:
     # filed again, but only so often per incident (Google: it "may be due to some
     # late-discovered problem with the request itself"); then recovery stops, naming the error.
     request_failure_retries: int = 3
-    zone_patience: float = GCP["patience"]  # queued this long in one zone: the next one's turn
+    zone_patience: float = GCP["patience"]  # queued this long in one zone: file the next beside
     queue_deadline: float = float("inf")  # one zone: its own validUntilDuration ends the wait
     ssh_retries: int = 3
     # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
@@ -90,12 +90,12 @@ class WatchConfig:
             Phase.AWAITING_BOOTSTRAP: self.limits.bootstrap,
         }.get(phase, float("inf"))
 
-    def request_limit(self, state: str, zones: int) -> float:
+    def request_limit(self, state: str, spread: bool) -> float:
         """How long a queued resource may stay in `state` (its phase times each state): in
-        the zone's queue, the zone's patience when another zone can be tried; the others as
-        REQUEST_LIMITS says (an operation's, where it says nothing)."""
+        the zone's queue, the zone's patience when a zone of tpupod:zones holds no request of
+        ours yet (`spread`); the others as REQUEST_LIMITS says (else an operation's)."""
         if state == queued.WAITING:
-            return self.zone_patience if zones > 1 else self.queue_deadline
+            return self.zone_patience if spread else self.queue_deadline
         return self.limit(REQUEST_LIMITS.get(state, "operation_deadline"))
 
     def limit(self, name: str) -> float:

@@ -35,6 +35,9 @@ class Incident:
     zone_tries: dict[str, int] = field(default_factory=dict)  # refusals per zone: its backoff
     request_state: str | None = None  # the queued resource's state as last seen, and since when
     request_since: float = 0.0
+    # Zones holding a queued resource of this incident still asking (oldest first; the newest is
+    # the provider's zone): each keeps its place in its zone's queue until one is filled.
+    queued_zones: list[str] = field(default_factory=list)
 
     @property
     def open(self) -> bool:

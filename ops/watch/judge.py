@@ -195,12 +195,12 @@ def operation_event(
 
 
 def request_event(state: str, waited: float, limit: float, first: bool = False,
-                  failure: str = "stockout") -> Event:  # fmt: skip
+                  failure: str = "stockout", spread: bool = False) -> Event:  # fmt: skip
     """A queued resource (ops.queued) `waited` seconds in `state`: filled, FAILED (as its error
     says: `failure`, REFUSALS), dead (filed anew), or on its way until its state's `limit`
-    (WatchConfig.request_limit); past it a request still in the zone's queue gives another zone
-    its turn, one stuck elsewhere is filed anew. A state the client cannot name is announced
-    when `first` seen."""
+    (WatchConfig.request_limit); past it a request still in the zone's queue has another zone's
+    filed beside it (`spread`: a zone holds none of ours yet), one stuck elsewhere is filed
+    anew. A state the client cannot name is announced when `first` seen."""
     if state == queued.UNRECOGNIZED and first and waited <= limit:
         return Event.UNKNOWN_STATE
     if state == queued.FILLED:
@@ -209,8 +209,10 @@ def request_event(state: str, waited: float, limit: float, first: bool = False,
         return REFUSALS[failure]
     if state in queued.DEAD:
         return Event.GONE
+    if waited > limit and state == queued.WAITING:
+        return Event.PATIENCE if spread else Event.STOCKOUT
     if waited > limit:
-        return Event.STOCKOUT if state == queued.WAITING else Event.DEADLINE
+        return Event.DEADLINE
     return Event.RUNNING
 
 

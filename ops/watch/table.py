@@ -36,6 +36,8 @@ class Event(StrEnum):
     QUOTA = "quota"  # create refused for a zone's quota (HTTP 429 whose body names a quota)
     REGION_QUOTA = "region-quota"  # refused for a region's quota: no zone of it can help
     QUEUED = "queued"  # the create filed a queued resource: its node comes with capacity
+    PATIENCE = "patience"  # queued past the zone's patience, and a zone holds no request of ours
+    REFUSED_BESIDE = "refused-beside"  # a create beside a waiting request refused (quota, ...)
     REQUEST_FAILED = "request-failed"  # the queued resource FAILED, not for capacity or quota
     FAILED = "failed"  # operation error, or a bootstrap failed
     GONE = "gone"  # the node was preempted, terminated or deleted meanwhile
@@ -76,6 +78,9 @@ class Action(StrEnum):
     QUOTA = "quota"  # journal the quota, spend the quota budget, next zone, back off
     REGION_QUOTA = "region-quota"  # journal the quota, spend the quota budget, back off here
     QUEUED = "queued"  # journal `queued`: the request waits in the zone's queue
+    FILE_BESIDE = "file-beside"  # the next zone's request filed beside the waiting one
+    KEEP_PLACE = "keep-place"  # journal the refusal: the waiting request keeps its place
+    FILLED = "filled"  # the first request ACTIVE wins: withdraw the others, journal `recreated`
     RETRY = "retry"  # journal the error, back off, recreate again (no budget spent)
     REQUEST_FAILED = "request-failed"  # journal the error, spend its budget, back off, file anew
     REBUILD = "rebuild"  # a failure: charge the failure budget, then recreate
@@ -124,9 +129,11 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.AWAITING_CREATE, E.QUOTA): (P.AWAITING_CAPACITY, A.QUOTA),
     (P.AWAITING_CREATE, E.REGION_QUOTA): (P.AWAITING_CAPACITY, A.REGION_QUOTA),
     (P.AWAITING_CREATE, E.QUEUED): (P.AWAITING_QUEUED, A.QUEUED),
+    (P.AWAITING_CREATE, E.REFUSED_BESIDE): (P.AWAITING_QUEUED, A.KEEP_PLACE),
     (P.AWAITING_CREATE, E.FAILED): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_CREATE, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
-    (P.AWAITING_QUEUED, E.DONE): (P.AWAITING_READY, A.RECREATED),
+    (P.AWAITING_QUEUED, E.DONE): (P.AWAITING_READY, A.FILLED),
+    (P.AWAITING_QUEUED, E.PATIENCE): (P.AWAITING_CAPACITY, A.FILE_BESIDE),  # then create there
     # FAILED, judged by its error: capacity, a zone's or a region's quota, or its own problem
     (P.AWAITING_QUEUED, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),  # another zone's turn
     (P.AWAITING_QUEUED, E.QUOTA): (P.AWAITING_CAPACITY, A.QUOTA),

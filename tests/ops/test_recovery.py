@@ -336,7 +336,7 @@ def test_a_bundle_the_workers_do_not_run_is_rolled_out_only_onto_a_calm_slice_th
         ("ACCEPTED", 5.0, 1, Event.RUNNING),
         ("ACCEPTED", 31.0, 1, Event.DEADLINE),  # an operation's limit
         ("WAITING_FOR_RESOURCES", 5.0, 2, Event.RUNNING),
-        ("WAITING_FOR_RESOURCES", 11.0, 2, Event.STOCKOUT),  # past the zone's patience
+        ("WAITING_FOR_RESOURCES", 11.0, 2, Event.PATIENCE),  # past it: the next zone beside
         ("WAITING_FOR_RESOURCES", 1e6, 1, Event.RUNNING),  # one zone: the queue is the wait
         ("PROVISIONING", 19.0, 2, Event.RUNNING),  # capacity found: patience was the queue's
         ("PROVISIONING", 21.0, 2, Event.DEADLINE),  # as a create's node to READY
@@ -350,7 +350,9 @@ def test_a_queued_resource_state_is_one_event_timed_per_state(state, waited, zon
 
     config = WatchConfig(zone_patience=10.0, ready_deadline=20.0, operation_deadline=30.0,
                          limits=Limits(unknown_state=40.0))  # fmt: skip
-    assert request_event(state, waited, config.request_limit(state, zones)) is event
+    spread = zones > 1  # a zone holds no request of ours yet
+    limit = config.request_limit(state, spread)
+    assert request_event(state, waited, limit, spread=spread) is event
 
 
 def test_refusals_back_off_per_zone_each_kind_on_its_own_budget():
@@ -374,7 +376,7 @@ def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
     from ops.watch.deadlines import WatchConfig
     from ops.watch.incident import Incident
 
-    provider = SimpleNamespace(zone="b", zones=["a", "b"], request_status=lambda: (
+    provider = SimpleNamespace(zone="b", zones=["a", "b"], request_status=lambda zone=None: (
         queued.QueuedStatus(queued.WAITING)))  # fmt: skip
     journal = SimpleNamespace(event=lambda *a, **k: None)
     w = SimpleNamespace(provider=provider, journal=journal, config=WatchConfig(zone_patience=10.0),
@@ -383,8 +385,8 @@ def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
                    request_since=time.time() - 60)  # fmt: skip
     capacity.queued(w, inc, "")
     assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.RUNNING
-    inc.request_since -= 11  # this request's own patience spent
-    assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.STOCKOUT
+    inc.request_since -= 11  # this request's own patience spent: zone a's turn, beside it
+    assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.PATIENCE
 
 
 def test_a_status_that_says_failed_with_a_fatal_code_is_fatal_before_the_process_exits():
