@@ -122,3 +122,39 @@ def test_a_negative_quota_is_one_line(flag, tmp_path) -> None:
                          cwd=ROOT)  # fmt: skip
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0, out.stderr
     assert flag in out.stderr and not (tmp_path / "pod").exists()
+
+
+def test_each_generation_has_its_own_quota(pod, tpu, spec) -> None:
+    """A v4-16 (2 hosts, as the pod's 2 workers play it: 8 chips) counts against v4's quota,
+    not the pod's cpu-N node's: the region's limit of 4 refuses it for its own 8 chips."""
+    pod.set_quota(chips=4)
+    try:
+        v4 = {**spec, "node": {**spec["node"], "acceleratorType": "v4-16"}}
+        error = _refused(tpu, v4, "local-b", "v4")
+        assert error["message"] == ("Quota limit 'TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI'"
+                                    " has been exceeded. Limit: 4 in region local.")  # fmt: skip
+    finally:
+        pod.set_quota()
+
+
+def _cli(pod: LocalPod, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ops", "local", *args, "--pod-dir",
+                           str(pod.paths.root)], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)  # fmt: skip
+
+
+def test_the_cli_answers_on_demand_and_clears(pod, tpu, parent) -> None:
+    """`tpupod local answer` and `stockout --quota --region`, as an operator types them; `local
+    status` reads a state the client cannot name without failing."""
+    assert _cli(pod, "answer", "node", "--state", "99").returncode == 0
+    assert tpu.get_node(name=f"{parent}/nodes/local").state == 99
+    status = _cli(pod, "status")
+    assert status.returncode == 0 and "99" in status.stdout, status.stderr
+    bad = _cli(pod, "answer", "node")
+    assert bad.returncode == 2 and "--state" in bad.stderr and bad.stderr.count("\n") == 1
+    stockout = _cli(pod, "stockout", "--quota", "--region", "--zone", "local-b")
+    assert stockout.returncode == 0 and "region" in stockout.stdout
+    assert _cli(pod, "answer", "clear").returncode == 0  # the region's refusal goes too
+    assert tpu.get_node(name=f"{parent}/nodes/local").state == tpu_v2.Node.State.READY
+    _file(tpu, {"node": {"acceleratorType": "cpu-4", "runtimeVersion": "x"}}, "local-b", "after")
+    _drop(tpu, "local-b", "after")
