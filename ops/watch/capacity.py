@@ -3,9 +3,11 @@ filed, what a refusal costs and where recovery turns next.
 
 Each kind of refusal spends its own budget and backs off on its own (ops.watch.deadlines): a
 stockout or a zone's quota sends the slice to the next zone of tpupod:zones, a region's quota
-waits in place (every zone of tpupod:zones is in the one region). Before a request is filed, the
-requests recovery filed that are FAILED or SUSPENDED are deleted: they cannot be filled, may
-hold quota, and one under the node's id in this zone would block the new one.
+waits in place (every zone of tpupod:zones is in the one region). A request waiting past its
+zone's patience keeps its place in that zone's queue: the next zone's is filed beside it, and
+the first one filled wins. Before a request is filed, the requests recovery filed that are
+FAILED or SUSPENDED are deleted: they cannot be filled, may hold quota, and one under the
+node's id in this zone would block the new one.
 """
 
 from __future__ import annotations
