@@ -32,6 +32,7 @@ class Generation:
     runtime_version: str
     zones: tuple[str, ...]
     secure_boot: bool  # the node is declared with shieldedInstanceConfig.enableSecureBoot
+    quota: str  # the TPU API's quota name before PerProject..., `{spot}` where spot says so
 
 
 # Runtime versions: https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX" table:
@@ -52,6 +53,7 @@ GENERATIONS: dict[str, Generation] = {
         runtime_version="tpu-ubuntu2204-base",
         zones=("us-central2-b",),
         secure_boot=True,
+        quota="TPUV4s{spot}Pod",
     ),
     "v5e": Generation(
         name="v5e",
@@ -62,6 +64,7 @@ GENERATIONS: dict[str, Generation] = {
         runtime_version="v2-alpha-tpuv5-lite",
         zones=("us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"),
         secure_boot=True,
+        quota="TPUV5s{spot}Litepod",
     ),
     "v5p": Generation(
         name="v5p",
@@ -73,6 +76,7 @@ GENERATIONS: dict[str, Generation] = {
         runtime_version="v2-alpha-tpuv5",
         zones=("us-central1-a", "us-east5-a"),
         secure_boot=True,
+        quota="TPUV5P{spot}",
     ),
     "v6e": Generation(
         name="v6e",
@@ -83,6 +87,7 @@ GENERATIONS: dict[str, Generation] = {
         runtime_version="v2-alpha-tpuv6e",
         zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
         secure_boot=True,
+        quota="TPUV6E{spot}",
     ),
 }
 
@@ -93,6 +98,16 @@ GENERATIONS: dict[str, Generation] = {
 # (GoogleCloudPlatform/magic-modules mmv1/templates/terraform/examples/tpu_v2_vm_full.tf.tmpl)
 # creates a TPU v2 node, older than any generation here, with it on. So it is on for every
 # generation; a generation found to refuse it gets `secure_boot=False` and the rule follows.
+# Quota: the TPU API keeps one quota per generation and tier (spot is "Preemptible"), per region
+# and per zone (https://cloud.google.com/tpu/docs/quota); a create over either is refused with
+# HTTP 429 naming it. The names are Google's as its 429s spell them (the docs page has no list):
+# TPUV6EPreemptiblePerProjectPerZoneForTPUAPI, TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI,
+# TPUV5sLitepodPerProjectPerZoneForTPUAPI, TPUV5PPerProjectPerRegionForTPUAPI and their
+# siblings, all seen in public logs; v4's on-demand name (TPUV4sPod...) only follows that pattern
+# (TPUV2sPod... is v2's). v5e's 1-, 4- and 8-chip serving quota (...LitepodServing...) is left out.
+QUOTA_SCOPES = ("region", "zone")
+
+
 # What users may write before `-N`, mapped to a generation (v5e is `v5litepod-N` in the API).
 PREFIX_TO_GENERATION: dict[str, str] = {
     "v4": "v4",
@@ -177,3 +192,14 @@ def generation_of_runtime(runtime_version: str) -> str | None:
 
 def generations_offering(zone: str) -> list[str]:
     return [g.name for g in GENERATIONS.values() if zone in g.zones]
+
+
+def quota_metric(template: str, spot: bool, scope: str) -> str:
+    """The quota a slice counts against: `template` is a Generation's `quota` (or the local
+    pod's own), `scope` one of QUOTA_SCOPES, e.g. TPUV6EPreemptiblePerProjectPerRegionForTPUAPI."""
+    if scope not in QUOTA_SCOPES:
+        raise ValueError(f"quota scope {scope!r}: one of {', '.join(QUOTA_SCOPES)}")
+    return (
+        template.format(spot="Preemptible" if spot else "")
+        + f"PerProjectPer{scope.title()}ForTPUAPI"
+    )

@@ -9,7 +9,9 @@ from enum import StrEnum
 
 class SliceState(StrEnum):
     """google.cloud.tpu_v2.Node.State names, plus MISSING (no node: never a Node's state) and
-    UNKNOWN (a state newer than this table)."""
+    UNRECOGNIZED (a state the installed client cannot name: one newer than it, which arrives
+    as STATE_UNSPECIFIED or as a bare number). UNKNOWN is Google's own: "TPU node has unknown
+    state after a failed repair"."""
 
     CREATING = "CREATING"
     READY = "READY"
@@ -27,6 +29,7 @@ class SliceState(StrEnum):
     UNHIDING = "UNHIDING"
     MISSING = "MISSING"
     UNKNOWN = "UNKNOWN"
+    UNRECOGNIZED = "UNRECOGNIZED"
 
     @classmethod
     def parse(cls, raw: str | None) -> SliceState:
@@ -35,4 +38,4 @@ class SliceState(StrEnum):
         try:
             return cls(raw.upper())
         except ValueError:
-            return cls.UNKNOWN
+            return cls.UNRECOGNIZED

@@ -1,5 +1,5 @@
 """`tpupod local ...`: up, down, status, endpoints, secret, and the faults (preempt, crash, hang,
-stockout, storage-faults, package-index).
+storage-faults, package-index; the TPU API's stockout and answer are localpod.cli_tpu).
 
 Errors are `PodError`s: ops.cli prints any type in `USER_ERRORS` as one line (exit 2), so this
 module depends on no ops module. `slice_table` draws a slice from its attributes alone (state,
@@ -20,9 +20,8 @@ from rich.table import Table
 from infra import job as jobs
 from infra.cleanup import CleanupError
 from infra.config_checks import CREATE_VIAS
-from localpod import tpu_client
+from localpod import cli_tpu, tpu_client
 from localpod.iam_policy import DEFAULT_STACK
-from localpod.metadata_server import ZONES
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState
 
@@ -86,6 +85,12 @@ def _rollout(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.workers > 250:
         raise PodError("--workers must be between 1 and 250")
+    for flag, chips in (
+        ("--quota-chips", args.quota_chips),
+        ("--zone-quota-chips", args.zone_quota_chips),
+    ):
+        if chips is not None and chips < 0:
+            raise PodError(f"{flag} {chips}: a quota of 0 chips or more")
     script = args.startup_script
     if script is not None and not script.is_file():
         raise PodError(f"--startup-script {script}: no such file")
@@ -100,6 +105,8 @@ def _up(args: argparse.Namespace) -> int:
         create_via=args.create_via,
         spot=not args.on_demand,
         queue_first=True,
+        quota_chips=args.quota_chips,
+        zone_quota_chips=args.zone_quota_chips,
         iam_stack=args.stack,
     )
     console = Console()
@@ -154,7 +161,8 @@ def _status(args: argparse.Namespace) -> int:
         next((i.value for i in g.query_value.items if i.key == "hostname"), "")
         for g in tpu.get_guest_attributes(request={"name": node.name}).guest_attributes
     ]
-    state, health = node.state.name, node.health.name
+    # A value the client cannot name (an answer injected: `tpupod local answer`) is a bare int.
+    state, health = (getattr(v, "name", str(v)) for v in (node.state, node.health))
     table = Table(title=f"{node.name}: {state}, {health} {node.health_description}".strip())
     for column in ("worker", "instance", "ip", "ssh port"):
         table.add_column(column)
@@ -244,20 +252,6 @@ def _secret(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stockout(args: argparse.Namespace) -> int:
-    if args.count < 1:
-        raise PodError("--count must be >= 1")
-    where = f" in {args.zone}" if args.zone else ""
-    if args.unavailable:
-        return _call(args, lambda pod: f"next {pod.inject_unavailable(args.count)} TPU API "
-                     "call(s) will answer HTTP 503 UNAVAILABLE")  # fmt: skip
-    if args.quota:
-        return _call(args, lambda pod: f"next {pod.inject_quota(args.count, args.zone)} "
-                     f"create(s){where} will be refused for quota (HTTP 429)")  # fmt: skip
-    return _call(args, lambda pod: f"next {pod.inject_stockout(args.count, args.zone)} "
-                 f"create(s){where} will be stocked out (a queued resource waits)")  # fmt: skip
-
-
 def _package_index(args: argparse.Namespace) -> int:
     """Cut the workers off PyPI and GitHub (or give them back), from their next boot on."""
     pod = _pod(args)
@@ -324,6 +318,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="how the slice is created (here, and by recovery, as tpupod:createVia): a queued "
         "resource (Google's recommendation) or nodes.create [queued]",
     )  # fmt: skip
+    up.add_argument("--quota-chips", type=int, metavar="N",
+                    help="the TPU API's chip quota in the pod's region, spot and on-demand each "
+                    "[no limit]")  # fmt: skip
+    up.add_argument("--zone-quota-chips", type=int, metavar="N",
+                    help="the same per zone [no limit]")  # fmt: skip
     up.set_defaults(func=_up)
 
     rollout = sub.add_parser(
@@ -387,21 +386,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     secret.add_argument("--data-file", type=Path, help="read the value from this file")
     secret.set_defaults(func=_secret)
 
-    stockout = sub.add_parser(
-        "stockout", parents=[pod_dir], help="fail the next create(s) with RESOURCE_EXHAUSTED"
-    )
-    stockout.add_argument("--count", type=int, default=1, help="creates to fail")
-    stockout.add_argument("--zone", choices=ZONES, help="only in this zone [any zone]")
-    stockout.add_argument(
-        "--unavailable", action="store_true",
-        help="instead: the next COUNT TPU API calls of any kind answer HTTP 503 (an outage)",
-    )  # fmt: skip
-    stockout.add_argument(
-        "--quota", action="store_true",
-        help="refuse at once with HTTP 429 naming a quota, as a spent quota does",
-    )  # fmt: skip
-    stockout.set_defaults(func=_stockout)
-
     index = sub.add_parser(
         "package-index", parents=[pod_dir],
         help="cut workers booted from now on off PyPI and GitHub (a VPC without NAT), or not; "
@@ -409,6 +393,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     index.add_argument("state", nargs="?", choices=("reachable", "unreachable"))
     index.set_defaults(func=_package_index)
+
+    cli_tpu.register(sub, pod_dir)
 
     faults = sub.add_parser(
         "storage-faults", parents=[pod_dir],

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from localpod import identities, oslogin, procs, secret_manager, storage, tokens
+from localpod import identities, oslogin, procs, secret_manager, storage, tokens, tpu_control
 from localpod.authz import POLICY_FILE, Gate
 from localpod.iam_policy import OPERATOR
 from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
@@ -32,6 +32,7 @@ from localpod.state import PodError, PodPaths, read_json, write_json
 from localpod.timed_kills import TimedKills
 from localpod.tpu_api import TpuApiServer
 from localpod.tpu_nodes import TpuService
+from localpod.tpu_quota import Quota
 from localpod.worker_vm import write_ed25519_key
 
 UPKEEP_INTERVAL_S = 0.25
@@ -124,7 +125,8 @@ class Controller:
         self.slice = Slice(self.paths, self.layout, store, self.kill_strays)
         self.kills = TimedKills(lambda i: self.paths.tpupod_root(i) / "status.json",
                                 self.slice.signal_job)  # fmt: skip
-        self.tpu = TpuApiServer(TpuService(self.slice, self.layout), self.gate)
+        quota = Quota(**self.config.get("quota", {}))  # chips per region and per zone, per tier
+        self.tpu = TpuApiServer(TpuService(self.slice, self.layout, quota), self.gate)
         self.tpu.start()
         # OS Login: keys imported here are what the workers' SSH servers (spawned after this,
         # inheriting the variable) accept for a service account's POSIX user.
@@ -242,8 +244,9 @@ def endpoints(paths: PodPaths, layout: dict, tpu_api: str, bucket: str) -> dict:
 
 
 class _ApiHandler(BaseHTTPRequestHandler):
-    """describe, kills (GET); preempt / maintenance / crash / hang / kill-when / stockout /
-    shutdown (POST). Nodes are created and deleted through the TPU API."""
+    """describe, kills (GET); preempt / maintenance / crash / hang / kill-when / shutdown and
+    the TPU API's injections, quota and answers (POST). Nodes are created and deleted through
+    the TPU API."""
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002
         pass
@@ -269,19 +272,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         actions = {
-            "/stockout": lambda: {
-                "pending": ctl.tpu.service.inject_stockout(
-                    int(query.get("count", "1")), query.get("zone")
-                )
-            },
-            "/quota": lambda: {
-                "pending": ctl.tpu.service.inject_quota(
-                    int(query.get("count", "1")), query.get("zone")
-                )
-            },
-            "/unavailable": lambda: {
-                "pending": ctl.tpu.service.inject_unavailable(int(query.get("count", "1")))
-            },
+            **tpu_control.actions(ctl.tpu.service, query),
             "/preempt": lambda: ctl.slice.preempt(float(query.get("notice", "0"))),
             "/maintenance": lambda: ctl.slice.maintain(float(query.get("seconds", "5"))),
             "/crash": lambda: {"pid": ctl.slice.signal_job(int(query["worker"]), signal.SIGKILL)},

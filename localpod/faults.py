@@ -163,7 +163,8 @@ KINDS: dict[str, FaultKind] = {
                                _crash_and_damage, lacks_fallback),
 }  # fmt: skip
 # Creates the slice's zone refuses: a queued resource takes one a second while it waits, so this
-# outlasts the local watcher's zone patience (ops.watch.deadlines, 3 s) and the slice moves on.
+# outlasts the local watcher's zone patience (ops.watch.deadlines, 3 s): the next zone's request,
+# filed beside the waiting one, is filled first, and the slice moves on.
 STOCKOUT_CREATES = 6
 # Injected only while a poll saw some worker's job saving (save-crash arms a timed kill instead);
 # the watch dies mid-recovery (bench.faults.WatchKilled).

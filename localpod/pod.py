@@ -43,6 +43,7 @@ from localpod.authz import POLICY_FILE
 from localpod.environment import accelerator_type, pod_metadata
 from localpod.identities import operator_token
 from localpod.metadata_server import CLOUD_PLATFORM, PROJECT_ID, ZONES
+from localpod.pod_tpu import TpuAnswers
 from localpod.state import (
     PROJECT_ROOT,
     PodError,
@@ -82,7 +83,7 @@ class PodInfo:
     pod: dict = field(default_factory=dict)  # pod.json: ports, pids, bucket, emulator_url, ...
 
 
-class LocalPod:
+class LocalPod(TpuAnswers):
     def __init__(
         self,
         pod_dir: Path | str | None = None,
@@ -99,6 +100,8 @@ class LocalPod:
         zones: tuple[str, ...] = ZONES,
         spot: bool = True,
         queue_first: bool = False,
+        quota_chips: int | None = None,
+        zone_quota_chips: int | None = None,
         iam_stack: str = iam_policy.DEFAULT_STACK,
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
@@ -107,9 +110,10 @@ class LocalPod:
         run's id (default: a new run). `create_via` and `zones`: how recovery asks for the
         slice (the spec's `capacity`, as a stack's tpupod:createVia and tpupod:zones); `spot`:
         a spot node (else on-demand: host maintenance reboots it instead of ending it);
-        `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`).
-        `iam_stack`: the stack whose IAM (identities, grants, enabled services) the pod's cloud
-        enforces (localpod.iam_policy)."""
+        `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`);
+        `quota_chips`, `zone_quota_chips`: the TPU API's chip quota per region and per zone,
+        each tier its own (localpod.tpu_quota; None: no limit). `iam_stack`: the stack whose IAM
+        (identities, grants, enabled services) the pod's cloud enforces (localpod.iam_policy)."""
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
@@ -122,6 +126,7 @@ class LocalPod:
         self.capacity = {"via": create_via, "zones": list(zones)}
         self.spot = spot
         self.queue_first = queue_first and create_via == "queued"
+        self.quota = {"region": quota_chips, "zone": zone_quota_chips}
         self.iam_stack = iam_stack
         self._controller: subprocess.Popen | None = None
         self._controller_start: int | None = None
@@ -204,6 +209,7 @@ class LocalPod:
                 "run_id": self.run_id,
                 "bucket": self.bucket,
                 "stack": self.stack,
+                "quota": self.quota,
             },
         )
         try:
@@ -391,22 +397,6 @@ class LocalPod:
     def set_secret(self, name: str, data: bytes) -> None:
         """A secret the pod's Secret Manager serves (localpod.secret_manager), up or not."""
         secret_manager.write_secret(self.paths.root / "secrets", name, data)
-
-    def inject_stockout(self, count: int = 1, zone: str | None = None) -> int:
-        """The next `count` creates (in `zone`; None: any zone) fail with RESOURCE_EXHAUSTED
-        (a queued resource waits instead); returns how many are pending there."""
-        where = f"&zone={zone}" if zone else ""
-        return self._request("POST", f"/stockout?count={count}{where}")["pending"]
-
-    def inject_unavailable(self, count: int = 1) -> int:
-        """The next `count` TPU API calls of any kind answer HTTP 503 UNAVAILABLE."""
-        return self._request("POST", f"/unavailable?count={count}")["pending"]
-
-    def inject_quota(self, count: int = 1, zone: str | None = None) -> int:
-        """The next `count` creates (in `zone`; None: any) are refused at once for quota (HTTP
-        429, as Google does)."""
-        where = f"&zone={zone}" if zone else ""
-        return self._request("POST", f"/quota?count={count}{where}")["pending"]
 
     def storage_faults(self, plan: dict | None = None) -> dict:
         """The bucket's injected faults (localpod.storage_faults): the report, after replacing

@@ -60,16 +60,21 @@ def create_node(endpoints: dict, spec: dict, timeout: float | None):
 
 def create_queued(endpoints: dict, spec: dict, timeout: float | None):
     """A queued resource for the spec's node, as gcloud's `queued-resources create` files one
-    (the node whole, the spot tier for a spot node); with a `timeout`, waits until the request
-    is ACTIVE (its node READY). The pod's own code: the local cloud shares none with ops."""
+    (the node whole; a spot node as the spot tier, with no schedulingConfig); with a `timeout`,
+    waits until the request is ACTIVE (its node READY). The pod's own code: the local cloud
+    shares none with ops."""
     import time
 
     from google.api_core import exceptions
     from google.cloud import tpu_v2
 
+    node = dict(spec["node"])
+    spot = (node.get("schedulingConfig") or {}).get("spot")
+    if spot:
+        node.pop("schedulingConfig")
     body = {"tpu": {"nodeSpec": [{"parent": spec["parent"], "nodeId": spec["node_id"],
-                                  "node": spec["node"]}]}}  # fmt: skip
-    if (spec["node"].get("schedulingConfig") or {}).get("spot"):
+                                  "node": node}]}}  # fmt: skip
+    if spot:
         body["spot"] = {}
     tpu = client(endpoints)
     name = f"{spec['parent']}/queuedResources/{spec['node_id']}"
@@ -81,11 +86,12 @@ def create_queued(endpoints: dict, spec: dict, timeout: float | None):
         _wait(operation, timeout, f"queued resource {spec['node_id']}")
         deadline = time.monotonic() + (timeout or 0)
         while timeout is not None:
-            state = tpu_v2.QueuedResourceState.State(tpu.get_queued_resource(name=name).state.state)
-            if state.name == "ACTIVE":
-                return state
-            if state.name in ("FAILED", "SUSPENDED") or time.monotonic() > deadline:
-                raise PodError(f"queued resource {spec['node_id']} {state.name}")
+            raw = tpu.get_queued_resource(name=name).state.state
+            state = getattr(raw, "name", str(raw))  # a bare int: a state the client lacks
+            if state == "ACTIVE":
+                return raw
+            if state in ("FAILED", "SUSPENDED") or time.monotonic() > deadline:
+                raise PodError(f"queued resource {spec['node_id']} {state}")
             time.sleep(POLL_INITIAL_S)
     except exceptions.GoogleAPICallError as err:
         raise PodError(f"cannot file queued resource {spec['node_id']}: {err.message}") from None

@@ -11,29 +11,21 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable
 
 from localpod.environment import accelerator_type
 from localpod.metadata_server import PROJECT_ID, ZONES, Node
 from localpod.slice import Slice
 from localpod.state import PodError, SliceState
+from localpod.tpu_faults import STOCKOUT, TpuFaults
 from localpod.tpu_operations import Operations, copy, now
-from localpod.tpu_requests import (
-    ApiError,
-    check_node_id,
-    node_request,
-    not_found,
-    quota_exceeded,
-)
+from localpod.tpu_quota import Holder, Quota, holder
+from localpod.tpu_requests import ApiError, check_node_id, node_request, not_found
 
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 NODE_PORT = 8470  # networkEndpoints[].port on Cloud TPU
-QUOTA_LIMIT = "TPUPreemptiblePodPerProjectPerZone"  # the local pod's stand-in quota name
 STOCKOUT_DELAY_S = 0.2  # a stockout is reported by the operation, a moment after the call
-STOCKOUT = (
-    'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU '
-    "Nodes are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x{eid}]"
-)
 RPC_CODE = {"RESOURCE_EXHAUSTED": 8, "INTERNAL": 13}
 # nodes.patch: the fields UpdateNodeRequest.update_mask may name (google.cloud.tpu_v2), as the
 # REST mask spells them; the local pod has no external IPs to switch on.
@@ -61,16 +53,17 @@ def _gce_node(node_id: str, zone: str, request: dict) -> dict:
 class TpuService:
     """projects.locations.nodes and .operations for one pod: at most one node, its slice."""
 
-    def __init__(self, slice_: Slice, layout: dict) -> None:
+    def __init__(self, slice_: Slice, layout: dict, quota: Quota | None = None) -> None:
         self.slice = slice_
         self.layout = layout
         self.accelerator = accelerator_type(len(layout["addresses"]), layout["devices_per_worker"])
         self._lock = threading.RLock()
-        self._node: dict | None = None  # {"id", "name", "createTime", "request"}
+        self._node: dict | None = None  # {"id", "name", "createTime", "request", "owner"}
         self.operations = Operations()
-        self._stockouts: dict[str | None, int] = {}  # zone (None: any) -> creates to refuse
-        self._quota_refusals: dict[str | None, int] = {}
-        self._unavailable = 0  # the next calls of any kind answer 503
+        self.faults = TpuFaults()
+        self.quota = quota or Quota()
+        # What the queued requests hold (localpod.tpu_queued sets it): quota counts them too.
+        self.request_holders: Callable[[], list[Holder]] = list
 
     # -- names -------------------------------------------------------------------------------
     def location(self, project: str, zone: str, listing: bool = False) -> str:
@@ -121,12 +114,12 @@ class TpuService:
             out["health"] = view["health"]
         if view["detail"] and (state in TELL_DETAIL or view["health"] not in (None, "HEALTHY")):
             out["healthDescription"] = view["detail"]
-        return out
+        return out | self.faults.node_answer(node["id"])
 
     def list_nodes(self, project: str, zone: str) -> dict:
         self.location(project, zone, listing=True)
         node = self.live()
-        here = node is not None and zone in ("-", node["name"].split("/")[3])
+        here = node is not None and zone in ("-", _zone(node))
         return {"nodes": [self.node_json(node)]} if here else {}
 
     def get_node(self, project: str, zone: str, node_id: str) -> dict:
@@ -141,9 +134,9 @@ class TpuService:
             current = self.live()
             if current is not None:
                 raise ApiError("ALREADY_EXISTS", f'Resource "{current["name"]}" already exists.')
-            self.refuse_for_quota(zone)  # refused at once, before any operation
+            self.check_quota(holder(zone, request))  # refused at once, before any operation
             operation = self.operations.new(name, "create")
-            if _take(self._stockouts, zone):
+            if self.faults.take_stockout(zone):
                 timer = threading.Timer(STOCKOUT_DELAY_S, self._stockout, [operation, zone])
                 timer.daemon = True
                 timer.start()
@@ -155,15 +148,17 @@ class TpuService:
                 raise
             return copy(operation)
 
-    def boot(self, name: str, node_id: str, request: dict, on_done) -> dict:
-        """The node record and its slice's creation (nodes.create's, or a queued resource's);
-        `on_done(node)` once the slice is READY or failed. FAILED_PRECONDITION while the slice
-        is still in use."""
+    def boot(self, name: str, node_id: str, request: dict, on_done, owner: str | None = None
+             ) -> dict:  # fmt: skip
+        """The node record and its slice's creation (nodes.create's, or the queued resource
+        `owner`'s); `on_done(node)` once the slice is READY or failed. FAILED_PRECONDITION while
+        the slice is still in use."""
         node = {
             "id": str(secrets.randbelow(8 * 10**18) + 10**18),
             "name": name,
             "createTime": now(),
             "request": request,
+            "owner": owner,
         }
         zone = name.split("/")[3]
         with self._lock:
@@ -190,28 +185,20 @@ class TpuService:
         except PodError as err:
             raise ApiError("FAILED_PRECONDITION", str(err)) from None
 
-    def inject_unavailable(self, count: int = 1) -> int:
-        """The next `count` calls of any kind answer HTTP 503 UNAVAILABLE (an outage)."""
-        with self._lock:
-            self._unavailable += count
-            return self._unavailable
-
     def refuse_if_unavailable(self) -> None:
-        with self._lock:
-            if self._unavailable:
-                self._unavailable -= 1
-                raise ApiError("UNAVAILABLE", "The service is currently unavailable.")
+        if self.faults.take_unavailable():
+            raise ApiError("UNAVAILABLE", "The service is currently unavailable.")
 
-    def refuse_for_quota(self, zone: str) -> None:
-        """HTTP 429 naming the quota, if one is pending for `zone` (a create refused at once)."""
+    def check_quota(self, new: Holder) -> None:
+        """HTTP 429 naming the quota when `new` would go over it (localpod.tpu_quota), or when
+        a refusal was injected for its zone (the limit named is the pod's, else 0)."""
         with self._lock:
-            if _take(self._quota_refusals, zone):
-                raise quota_exceeded(QUOTA_LIMIT, zone)
-
-    def take_stockout(self, zone: str) -> bool:
-        """One pending stockout in `zone` consumed (a queued resource waiting), if any."""
-        with self._lock:
-            return _take(self._stockouts, zone)
+            node = self.live()
+            held = [] if node is None or node["owner"] else [holder(_zone(node), node["request"])]
+            scope = self.faults.take_quota(new.zone)
+            if scope is not None:
+                raise self.quota.refusal(new, [(scope, self.quota.limit(scope))])
+            self.quota.check(held + self.request_holders(), new)
 
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         node = self._found(project, zone, node_id)
@@ -290,12 +277,15 @@ class TpuService:
         fail with RESOURCE_EXHAUSTED; returns how many are pending there."""
         if zone == "node":
             node = self.live()
-            zone = node["name"].split("/")[3] if node else ZONES[0]
-        return _add(self._stockouts, zone, count, self._lock)
+            zone = _zone(node) if node else ZONES[0]
+        return self.faults.inject_stockout(count, zone)
 
-    def inject_quota(self, count: int = 1, zone: str | None = None) -> int:
-        """The next `count` creates (in `zone`; None: in any) are refused at once for quota."""
-        return _add(self._quota_refusals, zone, count, self._lock)
+    def answer_node(self, state: str | None = None, health: str | None = None) -> dict:
+        """The live node answers `state` and/or `health` until it is deleted (TpuFaults)."""
+        node = self.live()
+        if node is None:
+            raise PodError("there is no node to answer for")
+        return self.faults.answer_node(node["id"], state, health)
 
     # -- operations --------------------------------------------------------------------------
     def _created(self, operation: dict, node: dict) -> None:
@@ -325,18 +315,5 @@ class TpuService:
         return self.operations.get(f"{self.location(project, zone)}/operations/{operation_id}")
 
 
-def _add(pending: dict[str | None, int], zone: str | None, count: int, lock) -> int:
-    if zone is not None and zone not in ZONES:
-        raise PodError(f"zone {zone!r} is not one of the pod's zones ({', '.join(ZONES)})")
-    with lock:
-        pending[zone] = pending.get(zone, 0) + count
-        return pending[zone]
-
-
-def _take(pending: dict[str | None, int], zone: str) -> bool:
-    """One refusal for `zone` consumed: the zone's own first, then one meant for any zone."""
-    for key in (zone, None):
-        if pending.get(key):
-            pending[key] -= 1
-            return True
-    return False
+def _zone(node: dict) -> str:
+    return node["name"].split("/")[3]

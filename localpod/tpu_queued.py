@@ -16,8 +16,10 @@ import threading
 import time
 
 from localpod.state import SliceState
+from localpod.tpu_faults import failure
 from localpod.tpu_nodes import TpuService
 from localpod.tpu_operations import copy, now
+from localpod.tpu_quota import Holder, holder
 from localpod.tpu_requests import ApiError, check_node_id, node_request, not_found
 
 QUEUED_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
@@ -51,6 +53,7 @@ class QueuedResources:
         self.nodes = nodes
         self._lock = threading.RLock()
         self._requests: dict[str, dict] = {}  # name -> record
+        nodes.request_holders = self.holders
 
     # -- the API -----------------------------------------------------------------------------
     def create_queued_resource(self, project: str, zone: str, queued_resource_id: str | None,
@@ -74,21 +77,24 @@ class QueuedResources:
         if "spot" in body:  # the tier is the request's: its node is a spot VM
             request["schedulingConfig"] = {**request.get("schedulingConfig", {}), "spot": True}
         until = _seconds((body.get("queueingPolicy") or {}).get("validUntilDuration"))
-        self.nodes.refuse_for_quota(zone)
         with self._lock:
             if name in self._requests:
                 raise ApiError("ALREADY_EXISTS", f'Resource "{name}" already exists.')
+            self.nodes.check_quota(holder(zone, request))
             record = {
                 "name": name, "createTime": now(), "body": body, "request": request,
                 "node_name": f"{parent}/nodes/{spec['nodeId']}", "node_id": spec["nodeId"],
                 "phase": "ACCEPTED", "error": None, "active": False, "node": None,
-                "deadline": time.time() + until if until else None,
+                "deadline": time.time() + until if until else None, "answer": None,
             }  # fmt: skip
+            self._answer(record, zone)
             self._requests[name] = record
             operation = self.nodes.operations.new(name, "create")
         self._try(record)
-        return self.nodes.operations.finish(operation, {"response": {"@type": QUEUED_TYPE,
-                                                          **self._json(record)}})  # fmt: skip
+        # The response is the request as filed: a state answered later is not in it (strict,
+        # the client's operation parser refuses a state name it lacks).
+        response = {"@type": QUEUED_TYPE, **self._json(record, answered=False)}
+        return self.nodes.operations.finish(operation, {"response": response})
 
     def get_queued_resource(self, project: str, zone: str, queued_resource_id: str) -> dict:
         return self._json(self._found(project, zone, queued_resource_id))
@@ -130,6 +136,30 @@ class QueuedResources:
         raise ApiError("UNIMPLEMENTED", "queuedResources.reset is not offered by the local pod: "
                        "delete the request and file it again.")  # fmt: skip
 
+    def holders(self) -> list[Holder]:
+        """What the requests hold of the quota: every one not deleted, whatever its state.
+        Without the lock (one list() of a dict is atomic): nodes.create asks under the
+        service's lock, which a request's retry takes under this one."""
+        records = list(self._requests.values())
+        return [holder(r["name"].split("/")[3], r["request"]) for r in records]
+
+    def _answer(self, record: dict, zone: str) -> None:
+        """An answer injected for the next request in `zone` (localpod.tpu_faults): FAILED at
+        once for its reason, or a state served as given while the request waits."""
+        answer = self.nodes.faults.take_request_answer(zone)
+        if answer is None:
+            return
+        if "state" in answer:
+            record["phase"], record["answer"] = "WAITING_FOR_RESOURCES", answer["state"]
+            return
+        quota = ""
+        if answer["fail"].endswith("quota"):
+            scope = "region" if answer["fail"] == "region-quota" else "zone"
+            used = holder(zone, record["request"])
+            quota = self.nodes.quota.refusal(used, [(scope, self.nodes.quota.limit(scope))]).message
+        error = failure(answer["fail"], zone, record["request"]["acceleratorType"], quota)
+        record["phase"], record["error"] = "FAILED", error
+
     # -- states --------------------------------------------------------------------------------
     def _found(self, project: str, zone: str, queued_resource_id: str) -> dict:
         name = f"{self.nodes.location(project, zone)}/queuedResources/{queued_resource_id}"
@@ -150,14 +180,14 @@ class QueuedResources:
             self._try_locked(record)
 
     def _try_locked(self, record: dict) -> None:
-        if record["phase"] not in ("ACCEPTED", "WAITING_FOR_RESOURCES"):
+        if record["phase"] not in ("ACCEPTED", "WAITING_FOR_RESOURCES") or record["answer"]:
             return
         if record["deadline"] is not None and time.time() > record["deadline"]:
             record["phase"], record["error"] = "FAILED", {"code": 4, "message": (
                 "the request could not be fulfilled before its validUntilDuration")}  # fmt: skip
             return
         zone = record["name"].split("/")[3]
-        if self.nodes.take_stockout(zone) or self.nodes.live() is not None:
+        if self.nodes.faults.take_stockout(zone) or self.nodes.live() is not None:
             record["phase"] = "WAITING_FOR_RESOURCES"  # no capacity (or the slice is taken)
             timer = threading.Timer(RETRY_S, self._try, [record])
             timer.daemon = True
@@ -165,7 +195,8 @@ class QueuedResources:
             return
         try:
             record["node"] = self.nodes.boot(record["node_name"], record["node_id"],
-                                             record["request"], lambda node: None)  # fmt: skip
+                                             record["request"], lambda node: None,
+                                             owner=record["name"])  # fmt: skip
             record["phase"] = "PROVISIONING"
         except ApiError as err:
             record["phase"], record["error"] = "FAILED", {"code": 9, "message": err.message}
@@ -188,12 +219,13 @@ class QueuedResources:
             return "FAILED"
         return "PROVISIONING"
 
-    def _json(self, record: dict) -> dict:
+    def _json(self, record: dict, answered: bool = True) -> dict:
         with self._lock:
             state = self._state(record)
         body = {k: v for k, v in record["body"].items() if k not in ("name", "createTime", "state")}
         out = {**body, "name": record["name"], "createTime": record["createTime"]}
-        out["state"] = {"state": state, "stateInitiator": "USER"}
+        served = record["answer"] if answered and record["answer"] is not None else state
+        out["state"] = {"state": served, "stateInitiator": "USER"}
         if state in DATA:
             data = {"error": record["error"]} if state == "FAILED" and record["error"] else {}
             out["state"][DATA[state]] = data

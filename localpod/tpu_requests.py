@@ -9,7 +9,7 @@ import re
 
 from infra import catalog
 from localpod.gcp_errors import HTTP_STATUS, ApiError  # noqa: F401 - re-exported
-from localpod.metadata_server import ZONE
+from localpod.metadata_server import PROJECT_NUMBER, ZONE
 
 # Node fields a request may set; the output-only ones are ignored, as Google does.
 INPUT_FIELDS = frozenset((
@@ -38,16 +38,19 @@ def not_found(name: str) -> ApiError:
     return ApiError("NOT_FOUND", f'Resource "{name}" was not found.')
 
 
-def quota_exceeded(limit: str, zone: str) -> ApiError:
-    """A create refused for quota, as Google's front end answers it: HTTP 429, status
-    RESOURCE_EXHAUSTED, the quota named in the message and in an ErrorInfo's metadata."""
+def quota_exceeded(broken: list[tuple[str, int, str]]) -> ApiError:
+    """A create refused for quota, as the TPU API answers it: HTTP 429 RESOURCE_EXHAUSTED, every
+    quota broken ((name, limit, "region R" or "zone Z")) named in the message, joined by commas,
+    and one QuotaFailure violation each (no ErrorInfo: captured 429s of nodes.create have none)."""
+    names, limits, places = (",".join(str(b[i]) for b in broken) for i in range(3))
+    violations = [{"subject": f"project:{PROJECT_NUMBER}",
+                   "description": f"Quota '{name}' exhausted. Limit {limit} in {place}"}
+                  for name, limit, place in broken]  # fmt: skip
     return ApiError(
         "RESOURCE_EXHAUSTED",
-        f"Quota limit '{limit}' has been exceeded. Limit: 0 in zone {zone}.",
-        [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED",
-          "domain": "googleapis.com",
-          "metadata": {"quota_limit": limit, "service": "tpu.googleapis.com"}}],
-    )  # fmt: skip
+        f"Quota limit '{names}' has been exceeded. Limit: {limits} in {places}.",
+        [{"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": violations}],
+    )
 
 
 def _camel(name: str) -> str:

@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from google.cloud import tpu_v2
+from google.rpc import code_pb2
+
+from ops.tpu_fields import enum_name, unnamed
 
 # QueuedResourceState.State names, by what recovery does about them.
 FILLED = "ACTIVE"
@@ -23,19 +26,26 @@ WAITING = "WAITING_FOR_RESOURCES"  # in the zone's queue: no capacity yet
 DEAD = {"FAILED", "SUSPENDING", "SUSPENDED", "DELETING", "MISSING"}  # delete it and file again
 UNFILLED = "FAILED"  # never filled here (its validUntilDuration passed, or provisioning failed)
 MISSING = "MISSING"  # no such request (deleted, or never filed)
+UNRECOGNIZED = "UNRECOGNIZED"  # a state the installed client cannot name (ops.tpu_fields)
 
 
 @dataclass(frozen=True)
 class QueuedStatus:
-    state: str  # a QueuedResourceState.State name, or MISSING
+    state: str  # a QueuedResourceState.State name, MISSING or UNRECOGNIZED
     detail: str = ""
+    code: int = 0  # FAILED: failedData.error's code (google.rpc.Code)
 
 
 def request_for(node: tpu_v2.Node, parent: str, node_id: str, capacity: dict
                 ) -> tpu_v2.QueuedResource:  # fmt: skip
     """The queued resource asking for `node`: the spot tier for a spot node (a reserved or
     on-demand node carries its tier in its own schedulingConfig), `valid_for_s` as the queueing
-    policy's validUntilDuration, `reservation` as reservationName."""
+    policy's validUntilDuration, `reservation` as reservationName. Spot is said once, as gcloud
+    says it (`queued-resources create --spot`: the tier, and no schedulingConfig on the node)."""
+    spot = bool(node.scheduling_config.spot)
+    if spot:
+        node = tpu_v2.Node(node)  # a copy: the caller's node keeps its schedulingConfig
+        del node.scheduling_config
     request = tpu_v2.QueuedResource(
         tpu=tpu_v2.QueuedResource.Tpu(
             node_spec=[
@@ -43,7 +53,7 @@ def request_for(node: tpu_v2.Node, parent: str, node_id: str, capacity: dict
             ]
         )
     )
-    if node.scheduling_config.spot:
+    if spot:
         request.spot = tpu_v2.QueuedResource.Spot()
     if capacity.get("valid_for_s"):
         request.queueing_policy = tpu_v2.QueuedResource.QueueingPolicy(
@@ -57,6 +67,18 @@ def request_for(node: tpu_v2.Node, parent: str, node_id: str, capacity: dict
 
 def status_of(request: tpu_v2.QueuedResource) -> QueuedStatus:
     state = request.state
-    name = tpu_v2.QueuedResourceState.State(state.state).name
-    error = state.failed_data.error if name == "FAILED" else None
-    return QueuedStatus(name, error.message if error is not None and error.message else "")
+    name = enum_name(tpu_v2.QueuedResourceState.State, state.state)
+    if name is None:
+        return QueuedStatus(UNRECOGNIZED, unnamed("state", state.state))
+    error = state.failed_data.error if name == UNFILLED else None
+    if error is None or not (error.code or error.message):
+        return QueuedStatus(name)
+    return QueuedStatus(name, f"{code_name(error.code)}: {error.message}", error.code)
+
+
+def code_name(code: int) -> str:
+    """A google.rpc.Code as Google's bodies spell it (INVALID_ARGUMENT), with its number."""
+    try:
+        return f"{code_pb2.Code.Name(code)} ({code})"
+    except ValueError:
+        return f"code {code}"

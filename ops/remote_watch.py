@@ -104,12 +104,21 @@ def restart_lines(provider: TpuProvider) -> list[str]:
         hold = state.read_hold()
     except (ProviderError, *STORAGE_ERRORS):
         return []
-    lines, cause, moved = [], "?", ""
+    return restarts_of(records, hold)
+
+
+def restarts_of(records: list[dict], hold: dict | None) -> list[str]:
+    """restart_lines from the journal's records and the run's hold."""
+    lines, cause, moved, beside = [], "?", "", {}
     for r in records:
+        if r.get("event") == "recreated" and r.get("zone") in beside:  # that request won
+            moved = beside[r["zone"]]
         if r.get("event") == "detected":
-            cause, moved = r.get("message", "?"), ""
+            cause, moved, beside = r.get("message", "?"), "", {}
         elif r.get("event") in ("stockout", "quota") and r.get("next_zone") != r.get("zone"):
             moved = f", after {r['event']} in {r.get('zone')}"  # why the slice changed zone
+        elif r.get("event") == "beside":  # a request filed beside one still waiting
+            beside[r.get("next_zone")] = f", after waiting in {r.get('zone')}"
         elif r.get("event") in ("restarted", "recreated") and r.get("attempt"):
             stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(r.get("time", 0)))
             how = "restart" if r["event"] == "restarted" else "recreated slice"

@@ -25,6 +25,7 @@ from ops.credentials import credentials
 from ops.provider import ProviderError, SliceInfo, SliceState, Worker
 from ops.target import Target
 from ops.tpu_errors import is_stockout, judged, refused
+from ops.tpu_fields import enum_name, symptoms, unnamed
 
 CALL_TIMEOUT = 30.0
 
@@ -74,8 +75,12 @@ class TpuProvider:
 
     @property
     def request_name(self) -> str:
-        """The queued resource that asks for the node: it has the node's id."""
-        return f"{self.parent}/queuedResources/{self.target.node}"
+        """The queued resource that asks for the node here: it has the node's id."""
+        return self.request_in(self.zone)
+
+    def request_in(self, zone: str) -> str:
+        """The queued resource that asks for the node in `zone` (one of tpupod:zones)."""
+        return f"projects/{self.target.project}/locations/{zone}/queuedResources/{self.target.node}"
 
     def move_to(self, zone: str) -> None:
         if zone not in self.zones:
@@ -99,11 +104,15 @@ class TpuProvider:
             node = self._locate()
         if node is None:
             return SliceInfo(SliceState.MISSING, detail="node not found", zone=self.zone)
-        state = SliceState.parse(tpu_v2.Node.State(node.state).name)
-        health = tpu_v2.Node.Health(node.health).name if node.health else None
+        name = enum_name(tpu_v2.Node.State, node.state)
+        state = SliceState.parse(name) if name else SliceState.UNRECOGNIZED
+        health = None
+        if node.health:  # HEALTH_UNSPECIFIED is none; a newer value keeps its number
+            health = enum_name(tpu_v2.Node.Health, node.health) or f"HEALTH_{int(node.health)}"
         workers = self.workers(node) if state is SliceState.READY else []
         spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
-        detail = "; ".join([node.health_description or state.value, *symptoms(node)])
+        said = unnamed("state", node.state) if state is SliceState.UNRECOGNIZED else state.value
+        detail = "; ".join([node.health_description or said, *symptoms(node)])
         return SliceInfo(state, health, workers, detail, dict(node.metadata), spot, self.zone)
 
     def _node(self) -> tpu_v2.Node | None:
@@ -184,11 +193,11 @@ class TpuProvider:
             return OperationStatus(name, True)
         return OperationStatus(name, bool(op.done), op.error.code, op.error.message)
 
-    def request_status(self) -> queued.QueuedStatus:
-        """The slice's queued resource in this zone (MISSING when there is none)."""
+    def request_status(self, zone: str | None = None) -> queued.QueuedStatus:
+        """The slice's queued resource in `zone` (default: this one); MISSING when none."""
         try:
             request = self._call("queuedResources.get", self.client.get_queued_resource,
-                                 name=self.request_name)  # fmt: skip
+                                 name=self.request_in(zone or self.zone))  # fmt: skip
         except gexc.NotFound:
             return queued.QueuedStatus(queued.MISSING)
         return queued.status_of(request)
@@ -210,12 +219,14 @@ class TpuProvider:
             return None
         return op.operation.name
 
-    def abandon_request(self) -> bool:
-        """Withdraw a request still waiting in this zone's queue (recovery moves on to another
-        zone); its delete is not waited for: it has no node. True once none is left asking."""
+    def abandon_request(self, zone: str | None = None) -> bool:
+        """Withdraw the request in `zone` (default: this one): still waiting in the zone's
+        queue, or dead (FAILED, SUSPENDED); its delete is not waited for. True once none is
+        left asking there."""
         with contextlib.suppress(gexc.NotFound):
+            name = self.request_in(zone or self.zone)
             self._call("queuedResources.delete", self.client.delete_queued_resource,
-                       request={"name": self.request_name, "force": True})  # fmt: skip
+                       request={"name": name, "force": True})  # fmt: skip
         return True
 
     def start_create(self, attempt: int | None = None) -> str | None:
@@ -271,13 +282,6 @@ class TpuProvider:
             return method(**kwargs, timeout=CALL_TIMEOUT)
         except Exception as err:  # judged by its body: ops.tpu_errors
             raise judged(err, what, self.node_name, self.target.api_endpoint) from None
-
-
-def symptoms(node: tpu_v2.Node) -> list[str]:
-    """What the TPU API saw go wrong on the node (OUT_OF_MEMORY on worker 1, ...), for the
-    incident's reason and `tpupod status`."""
-    return [f"{tpu_v2.Symptom.SymptomType(s.symptom_type).name} on worker {s.worker_id or '?'}"
-            + (f" ({s.details})" if s.details else "") for s in node.symptoms]  # fmt: skip
 
 
 def make_client(target: Target) -> tpu_v2.TpuClient:

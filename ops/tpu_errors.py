@@ -9,6 +9,8 @@ quota backed off and named, permission and invalid requests stop recovery, the r
 
 from __future__ import annotations
 
+import re
+
 from google.api_core import exceptions as gexc
 
 from ops.provider import ProviderError
@@ -26,9 +28,14 @@ DISABLED_HINT = (
     "{service} is not enabled in the project: enable it (`gcloud services enable {service}`; the "
     "stack's ProjectServices does at `pulumi up`)"
 )
-QUOTA_HINT = (
-    "raise it under IAM & Admin > Quotas (filter: TPU) or list another zone in tpupod:zones"
-)
+QUOTA_HINT = "raise it under IAM & Admin > Quotas (filter: TPU)"
+ZONE_HINT = " or list another zone in tpupod:zones"
+REGION_HINT = "; another zone of the region cannot help"
+# Google names the quota a create broke in the 429's message ("Quota limit 'A,B' has been
+# exceeded. Limit: 0,0 in region R,zone Z.") and in a QuotaFailure violation per limit ("Quota
+# 'A' exhausted. Limit 0 in region R"); its names say their scope (...PerRegion..., ...PerZone...).
+QUOTA_NAMES = re.compile(r"Quota(?: limit)? '([^']+)'")
+DEADLINE_EXCEEDED = 4  # a queued request's failedData.error when not filled in its window
 
 
 class Stockout(ProviderError):
@@ -42,26 +49,61 @@ class Refused(ProviderError):
 
 class QuotaExceeded(ProviderError):
     """The project's quota for this TPU is spent: a create is retried with backoff, but only
-    more quota (or another zone) ends it, so the line names the quota."""
+    more quota (or another zone, for a zone's quota) ends it, so the line names the quota.
+    `regional`: a region's quota is among those spent (no zone of the region can help)."""
+
+    def __init__(self, message: str, names: list[str], regional: bool) -> None:
+        super().__init__(message)
+        self.names, self.regional = names, regional
+
+
+def quota_named(message: str, details: list | None = None, what: str = "") -> QuotaExceeded | None:
+    """The quota a refusal or a FAILED request (of `what`) names, if any: Google's message and
+    its QuotaFailure violations (or an ErrorInfo's metadata, as other Google APIs send)."""
+    texts = [message]
+    names: list[str] = []
+    for detail in details or []:
+        if not isinstance(detail, dict):
+            continue
+        meta = detail.get("metadata") or {}
+        names += [meta[k] for k in ("quota_limit", "quota_metric") if meta.get(k)]
+        violations = [v for v in detail.get("violations") or [] if isinstance(v, dict)]
+        texts += [v.get("description", "") for v in violations]
+    for text in texts:
+        names += [n for group in QUOTA_NAMES.findall(text) for n in group.split(",")]
+    names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
+    if not names and "quota" not in message.lower():
+        return None
+    regional = any("PerRegion" in n for n in names) or " in region " in " ".join(texts)
+    hint = QUOTA_HINT + (REGION_HINT if regional else ZONE_HINT)
+    named = (f" for {what}" if what else "") + (f" ({', '.join(names)})" if names else "")
+    return QuotaExceeded(f"quota exceeded{named}: {one_line_text(message)}; {hint}", names,
+                         regional)  # fmt: skip
 
 
 def refused(err: gexc.TooManyRequests, name: str) -> ProviderError:
     """A create refused with 429 / RESOURCE_EXHAUSTED. Over REST google-api-core raises
     TooManyRequests (not its subclass ResourceExhausted), for quota and capacity alike: only the
-    body tells them apart (the quota named in the message or an ErrorInfo's metadata)."""
-    limit = ""
+    body tells them apart (the quota named in the message or its details)."""
     try:
         details = err.response.json()["error"].get("details", [])
-        for d in details:
-            meta = d.get("metadata") or {}
-            limit = limit or meta.get("quota_limit") or meta.get("quota_metric") or ""
     except (AttributeError, KeyError, TypeError, ValueError):
-        pass
+        details = []
     message = one_line(err)
-    if limit or "quota" in message.lower():
-        named = f" ({limit})" if limit else ""
-        return QuotaExceeded(f"quota exceeded for {name}{named}: {message}; {QUOTA_HINT}")
-    return Stockout(f"no capacity for {name}: {message}")
+    quota = quota_named(message, details if isinstance(details, list) else [], name)
+    return quota if quota is not None else Stockout(f"no capacity for {name}: {message}")
+
+
+def failure_kind(code: int, message: str) -> str:
+    """What a FAILED queued request's failedData.error (a google.rpc.Status) means for recovery:
+    `quota` or `region-quota` (a quota named), `stockout` (no capacity, or not filled in its
+    window: DEADLINE_EXCEEDED, or no error at all), or `other` (the request's own problem)."""
+    quota = quota_named(message)
+    if quota is not None:
+        return "region-quota" if quota.regional else "quota"
+    if not code or code == DEADLINE_EXCEEDED or is_stockout(code, message):
+        return "stockout"
+    return "other"
 
 
 def is_stockout(code: int, message: str) -> bool:
@@ -133,5 +175,8 @@ def already_exists(err: gexc.Conflict) -> bool:
 
 
 def one_line(err: BaseException) -> str:
-    text = getattr(err, "message", None) or str(err) or type(err).__name__
+    return one_line_text(getattr(err, "message", None) or str(err) or type(err).__name__)
+
+
+def one_line_text(text: object) -> str:
     return " ".join(str(text).split())[:300]

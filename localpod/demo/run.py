@@ -125,7 +125,8 @@ def report(console, events, injected, comparison, wall, ref_wall, holder=None,
             + f"resumed at step {res.get('step')} in {res.get('recovery_s', 0):.1f}s, "
             f"{res.get('steps_lost')} steps lost",
         )
-    moves = [e for e in events if e["event"] == "stockout" and e.get("next_zone") != e.get("zone")]
+    moves = [e for e in events if e["event"] in ("stockout", "beside")
+             and e.get("next_zone") != e.get("zone")]  # fmt: skip
     table.add_row("zones left for capacity", ", ".join(f"{e['zone']} -> {e['next_zone']}"
                                                       for e in moves) or "none")  # fmt: skip
     table.add_row("steps lost (total)", str(sum(e.get("steps_lost", 0) for e in resumed)))

@@ -1,5 +1,5 @@
 """`python -m ops.watch`: the recovery table as markdown (docs/recovery-table.md)."""
 
-from ops.watch.table import markdown
+from ops.watch.drawing import markdown
 
 print(markdown(), end="")

@@ -14,14 +14,11 @@ from infra.metadata import BUNDLE_SHA256
 from ops.forensics import capture_hang
 from ops.provider import ProviderError
 from ops.tpu_errors import QuotaExceeded, Refused, Stockout
-from ops.watch.api import WatcherApi
+from ops.watch import capacity
+from ops.watch.api import GiveUp, WatcherApi
 from ops.watch.incident import Incident
 from ops.watch.table import Action, Event
 from ops.workers import WorkerError
-
-
-class GiveUp(Exception):
-    """A budget is spent, or the job exited fatally; the message is the reason."""
 
 
 def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -31,7 +28,9 @@ def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
                         keys=refreshed)  # fmt: skip
     w.close()
     inc.started = time.time()
-    inc.operation = w.api(w.provider.start_delete)
+    inc.operation = w.api(w.provider.start_delete)  # the request here goes with its node
+    if w.provider.zone in inc.queued_zones and not w.provider_errors:
+        inc.queued_zones.remove(w.provider.zone)
     if inc.operation is None and w.provider_errors:
         w.on(Event.NOT_ISSUED, detail)  # not issued: try again next poll
 
@@ -39,12 +38,17 @@ def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
 def create(w: WatcherApi, inc: Incident, detail: str) -> None:
     inc.operation = None
     inc.zone = w.provider.zone
+    if w.provider.queued:
+        capacity.sweep(w, inc)
+    beside = any(z != w.provider.zone for z in inc.queued_zones)  # a request waits elsewhere
     try:  # refused at once: the same events as an operation that failed
         inc.operation = w.provider.start_create(attempt=w.state.attempt + 1)
-    except Stockout as err:
-        return w.on(Event.STOCKOUT, str(err))
-    except QuotaExceeded as err:
-        return w.on(Event.QUOTA, str(err))
+    except (Stockout, QuotaExceeded) as err:
+        if beside:  # that one keeps its place; no budget is spent
+            return w.on(Event.REFUSED_BESIDE, str(err))
+        if isinstance(err, Stockout):
+            return w.on(Event.STOCKOUT, str(err))
+        return w.on(Event.REGION_QUOTA if err.regional else Event.QUOTA, str(err))
     except Refused as err:  # permission or an invalid spec: no retry can pass it
         raise GiveUp(str(err)) from None
     except ProviderError as err:
@@ -54,43 +58,9 @@ def create(w: WatcherApi, inc: Incident, detail: str) -> None:
     return None
 
 
-def queued(w: WatcherApi, inc: Incident, detail: str) -> None:
-    inc.request_state, inc.request_since = None, 0.0  # a new request: its states timed afresh
-    w.journal.event("queued", f"queued resource filed in {w.provider.zone}: the node comes when "
-                    "the zone has capacity", zone=w.provider.zone)  # fmt: skip
-
-
-def stockout(w: WatcherApi, inc: Incident, detail: str) -> None:
-    inc.stockouts += 1
-    elsewhere(w, inc, detail, "stockout", inc.stockouts, w.config.capacity_retries,
-              w.config.capacity_wait)  # fmt: skip
-
-
-def quota(w: WatcherApi, inc: Incident, detail: str) -> None:
-    inc.quota_refusals += 1
-    elsewhere(w, inc, detail, "quota", inc.quota_refusals, w.config.quota_retries,
-              w.config.quota_wait)  # fmt: skip
-
-
-def elsewhere(w: WatcherApi, inc: Incident, detail: str, kind: str, count: int,
-              budget: int | None, wait_for: Callable[[int], float]) -> None:  # fmt: skip
-    """A create refused here for capacity or quota: spend that kind's budget, withdraw a
-    request still queued here, and try the next zone of tpupod:zones after its own backoff
-    (a zone not refused yet in this incident at once; one zone: this one again)."""
-    if budget is not None and count > budget:
-        raise GiveUp(f"gave up after {count} {kind} refusals (budget {budget}): {detail}")
-    here = w.provider.zone
-    inc.zone_tries[here] = inc.zone_tries.get(here, 0) + 1
-    there = w.provider.next_zone()
-    if w.provider.queued and w.api(w.provider.abandon_request) is None:
-        there = here  # not withdrawn (a TPU API error): never leave a live request behind
-    w.provider.move_to(there)
-    inc.zone = there
-    wait = wait_for(inc.zone_tries.get(there, 0))
-    inc.not_before = time.time() + wait
-    where = f"trying {there}" if there != here else "creating again"
-    w.journal.event(kind, f"{detail}; {where} in {wait:.0f}s", attempt=count, retry_in=wait,
-                    zone=here, next_zone=there)  # fmt: skip
+def filled(w: WatcherApi, inc: Incident, detail: str) -> None:
+    capacity.withdraw_others(w, inc)
+    recreated(w, inc, detail)
 
 
 def retry(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -190,6 +160,12 @@ def note_notice(w: WatcherApi, inc: Incident, detail: str) -> None:
     the grace: nothing to do yet."""
 
 
+def note_request(w: WatcherApi, inc: Incident, detail: str) -> None:
+    """A queued resource in a state the client cannot name: one line; it is waited on up to
+    its deadline (WatchConfig.request_limit), then filed again."""
+    w.journal.event("unknown_state", detail, zone=w.provider.zone)
+
+
 def close(w: WatcherApi, inc: Incident, detail: str) -> None:
     w.close_incident()
 
@@ -218,9 +194,14 @@ ACTIONS: dict[Action, Callable[..., int | None]] = {
     Action.NONE: nothing,
     Action.DELETE: delete,
     Action.CREATE: create,
-    Action.STOCKOUT: stockout,
-    Action.QUOTA: quota,
-    Action.QUEUED: queued,
+    Action.STOCKOUT: capacity.stockout,
+    Action.QUOTA: capacity.quota,
+    Action.REGION_QUOTA: capacity.region_quota,
+    Action.QUEUED: capacity.queued,
+    Action.FILE_BESIDE: capacity.file_beside,
+    Action.KEEP_PLACE: capacity.keep_place,
+    Action.FILLED: filled,
+    Action.REQUEST_FAILED: capacity.request_failed,
     Action.RETRY: retry,
     Action.REBUILD: rebuild,
     Action.RECREATED: recreated,
@@ -233,6 +214,8 @@ ACTIONS: dict[Action, Callable[..., int | None]] = {
     Action.OPEN_RESTART: open_restart,
     Action.RESTART_FREE: restart_free,
     Action.NOTE_NOTICE: note_notice,
+    Action.NOTE_STATE: nothing,  # opening the incident is its one line (`detected`)
+    Action.NOTE_REQUEST: note_request,
     Action.CLOSE: close,
     Action.FINISH: finish,
     Action.STOP: stop,

@@ -16,6 +16,10 @@ from ops.watch.table import Event
 from ops.workers import WorkerGroup
 
 
+class GiveUp(Exception):
+    """A budget is spent, or the job exited fatally; the message is the reason."""
+
+
 class WatcherApi(Protocol):
     """What an action may use of the watcher (ops.watch.watcher.Watcher)."""
 

@@ -18,8 +18,8 @@ class SliceAction(StrEnum):
     RECREATE = "recreate"  # gone for good: delete + create again (preemptions are free)
 
 
-# TPU node state -> what watch does about it. UNKNOWN (a state newer than this table) waits and is
-# recreated only once the transient deadline passes, like any other state stuck in transition.
+# TPU node state -> what watch does about it. A state it waits on is recreated once it outlasts
+# its deadline (STATE_DEADLINES; else the transient one), like any state stuck in transition.
 SLICE_ACTIONS: dict[SliceState, SliceAction] = {
     SliceState.CREATING: SliceAction.WAIT,
     SliceState.STARTING: SliceAction.WAIT,
@@ -31,6 +31,7 @@ SLICE_ACTIONS: dict[SliceState, SliceAction] = {
     SliceState.HIDING: SliceAction.WAIT,
     SliceState.UNHIDING: SliceAction.WAIT,
     SliceState.UNKNOWN: SliceAction.WAIT,
+    SliceState.UNRECOGNIZED: SliceAction.WAIT,
     SliceState.READY: SliceAction.CHECK_WORKERS,
     # A spot node cannot be restarted: watch deletes it and creates it again from the spec.
     SliceState.STOPPED: SliceAction.RECREATE,
@@ -38,6 +39,15 @@ SLICE_ACTIONS: dict[SliceState, SliceAction] = {
     SliceState.PREEMPTED: SliceAction.RECREATE,
     SliceState.TERMINATED: SliceAction.RECREATE,
     SliceState.MISSING: SliceAction.RECREATE,
+}
+
+
+# The states waited on with a deadline of their own (a Limits field), each announced once: Google's
+# UNKNOWN (a failed repair: no transition that ends by itself) and a state the installed client
+# cannot name (it may be a transition, or the end: it gets a while, not the transient 30 min).
+STATE_DEADLINES: dict[SliceState, str] = {
+    SliceState.UNKNOWN: "failed_repair",
+    SliceState.UNRECOGNIZED: "unknown_state",
 }
 
 

@@ -16,9 +16,11 @@ from ops.watch.table import Phase
 # a profile, then the job's spec, then the flags given.
 PROFILES: dict[str, dict[str, float]] = {
     "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
-                grace=60.0, capacity=60.0, quota=300.0, patience=1800.0),
+                grace=60.0, capacity=60.0, quota=300.0, patience=1800.0, failed_repair=300.0,
+                unknown_state=600.0, spot_maintenance=600.0),
     "local": dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
-                  capacity=2.0, quota=2.0, patience=3.0),
+                  capacity=2.0, quota=2.0, patience=3.0, failed_repair=10.0, unknown_state=20.0,
+                  spot_maintenance=60.0),
 }  # fmt: skip
 GCP = PROFILES["gcp"]
 
@@ -35,6 +37,13 @@ class Limits:
     ssh: float = 120.0
     preempt_grace: float = GCP["grace"]  # job preempted but the node stays READY
     transient: float = 1800.0  # CREATING/REPAIRING/... before we recreate anyway
+    # Google's UNKNOWN ("unknown state after a failed repair"): not a transition that ends.
+    failed_repair: float = GCP["failed_repair"]
+    # A state the installed client cannot name (a newer one): the node's, or a queued request's.
+    unknown_state: float = GCP["unknown_state"]
+    # A spot node's maintenance (health UNHEALTHY_MAINTENANCE) from its start: past it the node
+    # counts as lost and is recreated (GCE ends spot VMs for host maintenance).
+    spot_maintenance: float = GCP["spot_maintenance"]
 
     def progress_limit(self, state: str) -> float:
         """How long a state may last without a new step before it counts as a hang."""
@@ -61,7 +70,11 @@ class WatchConfig:
     quota_retries: int | None = 30  # quota refusals per incident before giving up
     quota_backoff: float = GCP["quota"]
     quota_backoff_cap: float = 1800.0
-    zone_patience: float = GCP["patience"]  # queued this long in one zone: the next one's turn
+    # A queued resource FAILED for a reason of its own (a bad request, a short reservation):
+    # filed again, but only so often per incident (Google: it "may be due to some
+    # late-discovered problem with the request itself"); then recovery stops, naming the error.
+    request_failure_retries: int = 3
+    zone_patience: float = GCP["patience"]  # queued this long in one zone: file the next beside
     queue_deadline: float = float("inf")  # one zone: its own validUntilDuration ends the wait
     ssh_retries: int = 3
     # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
@@ -77,13 +90,19 @@ class WatchConfig:
             Phase.AWAITING_BOOTSTRAP: self.limits.bootstrap,
         }.get(phase, float("inf"))
 
-    def request_limit(self, state: str, zones: int) -> float:
+    def request_limit(self, state: str, spread: bool) -> float:
         """How long a queued resource may stay in `state` (its phase times each state): in
-        the zone's queue, the zone's patience when another zone can be tried; provisioning,
-        as a create's node to READY; accepted or being created, as an operation."""
+        the zone's queue, the zone's patience when a zone of tpupod:zones holds no request of
+        ours yet (`spread`); the others as REQUEST_LIMITS says (else an operation's)."""
         if state == queued.WAITING:
-            return self.zone_patience if zones > 1 else self.queue_deadline
-        return self.ready_deadline if state == "PROVISIONING" else self.operation_deadline
+            return self.zone_patience if spread else self.queue_deadline
+        return self.limit(REQUEST_LIMITS.get(state, "operation_deadline"))
+
+    def limit(self, name: str) -> float:
+        """A limit by the name REQUEST_LIMITS and the drawing use: a field of this config, or
+        of its Limits (`limits.unknown_state`)."""
+        owner, _, field_name = name.rpartition(".")
+        return getattr(self.limits if owner else self, field_name)
 
     def retry_wait(self, attempt: int) -> float:
         return backoff(attempt, self.backoff_base, self.backoff_cap)
@@ -93,6 +112,10 @@ class WatchConfig:
 
     def quota_wait(self, refusals: int) -> float:
         return backoff(refusals, self.quota_backoff, self.quota_backoff_cap)
+
+
+# How long a queued resource may stay in a state other than the zone's queue (request_limit).
+REQUEST_LIMITS = {"PROVISIONING": "ready_deadline", queued.UNRECOGNIZED: "limits.unknown_state"}
 
 
 def backoff(attempt: int, base: float = 2.0, cap: float = 60.0) -> float:
@@ -112,6 +135,9 @@ def config_for(
         stall=given.get("stall") or (job and job.hang_after_s) or d["stall"],
         bootstrap=d["bootstrap"],
         preempt_grace=d["grace"],
+        failed_repair=d["failed_repair"],
+        unknown_state=d["unknown_state"],
+        spot_maintenance=d["spot_maintenance"],
     )
     max_failures, backoff_s = given.get("max_failures"), given.get("backoff")
     return WatchConfig(

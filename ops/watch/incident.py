@@ -30,10 +30,14 @@ class Incident:
     attempts: int = 0  # recreate attempts in this incident (backoff)
     stockouts: int = 0  # creates refused for capacity in this incident
     quota_refusals: int = 0  # creates refused for quota in this incident
+    request_failures: int = 0  # queued resources FAILED for a reason of their own
     zone: str | None = None  # where the slice is being recreated (one of tpupod:zones)
     zone_tries: dict[str, int] = field(default_factory=dict)  # refusals per zone: its backoff
     request_state: str | None = None  # the queued resource's state as last seen, and since when
     request_since: float = 0.0
+    # Zones holding a queued resource of this incident still asking (oldest first; the newest is
+    # the provider's zone): each keeps its place in its zone's queue until one is filled.
+    queued_zones: list[str] = field(default_factory=list)
 
     @property
     def open(self) -> bool:

@@ -20,6 +20,7 @@ from ops.watch.conditions import (
     NOTICE_HEALTH,
     PRIORITY,
     SLICE_ACTIONS,
+    STATE_DEADLINES,
     SliceAction,
     Verdict,
     WorkerCondition,
@@ -56,6 +57,9 @@ CONDITION_DEADLINES: dict[WorkerCondition, str] = {
     WorkerCondition.STARTING: "start",
 }
 GONE_STATES = {SliceState.PREEMPTED, SliceState.TERMINATED, SliceState.MISSING}
+# A FAILED queued resource's error, as ops.tpu_errors.failure_kind reads it -> event.
+REFUSALS = {"stockout": Event.STOCKOUT, "quota": Event.QUOTA, "region-quota": Event.REGION_QUOTA,
+            "other": Event.REQUEST_FAILED}  # fmt: skip
 # How long (seconds) the caller has seen a slice state or worker condition without a change.
 Waited = Callable[[str], float]
 
@@ -126,9 +130,11 @@ def decide(
     run_step: int | None = None,
     bundle: str | None = None,
     spot: bool = True,
+    detail: str | None = None,
 ) -> Decision:
     """A judged phase's event: slice state first, its health next, then the workers. `spot`:
-    the node is spot or preemptible (maintenance ends it) rather than on-demand or reserved."""
+    the node is spot or preemptible (maintenance ends it) rather than on-demand or reserved;
+    `detail`: what the TPU API said of the state (a number the client cannot name, ...)."""
     slice_action = SLICE_ACTIONS[state]
     if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH and not spot:
         if waited(MAINTENANCE) > limits.transient:
@@ -137,17 +143,42 @@ def decide(
         why = f"maintenance ({health}): the node resumes by itself, its job at boot"
         return Decision(Event.CALM, why, key=MAINTENANCE)
     if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH:
-        # The node is going away: wait for it (the job saves), then restart if it stays.
-        cond = WorkerCondition.PREEMPTED
-        event = Event.JOB_PREEMPTED if waited(cond) > limits.preempt_grace else Event.NOTICE
-        return Decision(event, f"{NOTICE_HEALTH[health]} ({health})", cond)
+        return decide_spot_maintenance(health, waited(MAINTENANCE), limits)
     if slice_action is SliceAction.RECREATE:
         return Decision(Event.SLICE_LOST, f"slice {state}", key=state)
     if slice_action is SliceAction.WAIT:
-        if waited(state) > limits.transient:
-            return Decision(Event.SLICE_LOST, f"slice {state} for {waited(state):.0f}s", key=state)
-        return Decision(Event.CALM, f"slice {state}", key=state)
+        return decide_waiting(state, waited(state), limits, detail)
     return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step, bundle)
+
+
+def decide_spot_maintenance(health: str, waited: float, limits: Limits) -> Decision:
+    """A spot node under maintenance is going away: wait while the job saves (the notice's
+    grace), then the one in-place restart of this maintenance event (the table has its row only
+    from a calm slice, so one per event), and past `spot_maintenance` it counts as lost."""
+    cond, said = WorkerCondition.PREEMPTED, f"{NOTICE_HEALTH[health]} ({health})"
+    if waited > limits.spot_maintenance:
+        limit = limits.spot_maintenance
+        why = f"{said} for {waited:.0f}s (deadline spot_maintenance, {limit:.0f}s): lost"
+        return Decision(Event.SLICE_LOST, why, cond, key=MAINTENANCE)
+    event = Event.SPOT_MAINTENANCE if waited > limits.preempt_grace else Event.NOTICE
+    return Decision(event, said, cond, key=MAINTENANCE)
+
+
+def decide_waiting(
+    state: SliceState, waited: float, limits: Limits, detail: str | None
+) -> Decision:
+    """A node in a state watch waits on: lost once it outlasts its deadline; a state with a
+    deadline of its own (STATE_DEADLINES) says so, for the journal's one line."""
+    name = STATE_DEADLINES.get(state, "transient")
+    limit = getattr(limits, name)
+    if waited > limit:
+        why = f"slice {state} for {waited:.0f}s (deadline {name}, {limit:.0f}s)"
+        return Decision(Event.SLICE_LOST, why, key=state)
+    if state in STATE_DEADLINES:
+        said = f" ({detail})" if detail and detail != state else ""
+        why = f"slice {state}{said}: waiting up to {limit:.0f}s ({name}), then recreating it"
+        return Decision(Event.UNKNOWN_STATE, why, key=state)
+    return Decision(Event.CALM, f"slice {state}", key=state)
 
 
 # -- the waiting phases: one observation each -----------------------------------------------------
@@ -163,18 +194,25 @@ def operation_event(
     return Event.DEADLINE if waited > deadline else Event.RUNNING
 
 
-def request_event(state: str, waited: float, limit: float) -> Event:
-    """A queued resource (ops.queued) `waited` seconds in `state`: filled, dead (filed anew), or
-    on its way until its state's `limit` (WatchConfig.request_limit); past it a request still in
-    the zone's queue gives another zone its turn, one stuck elsewhere is filed anew."""
+def request_event(state: str, waited: float, limit: float, first: bool = False,
+                  failure: str = "stockout", spread: bool = False) -> Event:  # fmt: skip
+    """A queued resource (ops.queued) `waited` seconds in `state`: filled, FAILED (as its error
+    says: `failure`, REFUSALS), dead (filed anew), or on its way until its state's `limit`
+    (WatchConfig.request_limit); past it a request still in the zone's queue has another zone's
+    filed beside it (`spread`: a zone holds none of ours yet), one stuck elsewhere is filed
+    anew. A state the client cannot name is announced when `first` seen."""
+    if state == queued.UNRECOGNIZED and first and waited <= limit:
+        return Event.UNKNOWN_STATE
     if state == queued.FILLED:
         return Event.DONE
-    if state == queued.UNFILLED:  # expired or not provisioned here: another zone's turn
-        return Event.STOCKOUT
+    if state == queued.UNFILLED:
+        return REFUSALS[failure]
     if state in queued.DEAD:
         return Event.GONE
+    if waited > limit and state == queued.WAITING:
+        return Event.PATIENCE if spread else Event.STOCKOUT
     if waited > limit:
-        return Event.STOCKOUT if state == queued.WAITING else Event.DEADLINE
+        return Event.DEADLINE
     return Event.RUNNING
 
 
@@ -200,10 +238,10 @@ def bootstrap_event(
 
 
 def refine(event: Event, recovering: bool, resumed: bool) -> Event:
-    """The judged event in the light of the open incident: a notice during a recovery belongs to
-    it (no new incident), and a calm slice after a recovery is RESUMED once every worker's job
-    runs and reports a step again."""
-    if recovering and event is Event.NOTICE:
+    """The judged event in the light of the open incident: a notice or a state waited on during
+    a recovery belongs to it (no new incident), and a calm slice after a recovery is RESUMED
+    once every worker's job runs and reports a step again."""
+    if recovering and event in (Event.NOTICE, Event.UNKNOWN_STATE):
         return Event.CALM
     if recovering and event is Event.CALM and resumed:
         return Event.RESUMED

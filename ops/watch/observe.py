@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ops import queued
 from ops.provider import SliceState
+from ops.tpu_errors import failure_kind
 from ops.watch import judge
 from ops.watch.api import WatcherApi
 from ops.watch.incident import Incident
@@ -34,21 +36,48 @@ def operation(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> S
 
 
 def request(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
-    """The queued resource's state, timed per state (persisted: a restarted watch goes on)."""
-    status = w.api(w.provider.request_status)
-    if status is None:
-        return None
-    now = time.time()
-    if status.state != inc.request_state:
+    """The incident's queued resources: the first one ACTIVE wins, wherever it is; else the
+    newest (in the provider's zone) decides, timed per state (persisted: a restarted watch goes
+    on). Zones whose older request is gone or dead leave the incident's list (the dead ones are
+    deleted before the next filing: ops.watch.capacity.sweep)."""
+    here = w.provider.zone
+    zones = [z for z in inc.queued_zones if z != here] + [here]
+    statuses = {}
+    for zone in zones:
+        status = w.api(lambda zone=zone: w.provider.request_status(zone))
+        if status is None:
+            return None
+        statuses[zone] = status
+    filled = next((z for z in zones if statuses[z].state == queued.FILLED), None)
+    if filled is not None:
+        w.provider.move_to(filled)  # the slice is where its request was filled
+        return Event.DONE, f"queued resource in {filled} ACTIVE"
+    inc.queued_zones = [z for z in zones if z == here or statuses[z].state not in queued.DEAD]
+    spread = any(z not in inc.queued_zones for z in w.provider.zones)
+    return newest(w, inc, statuses[here], spread)
+
+
+def newest(w: WatcherApi, inc: Incident, status: queued.QueuedStatus, spread: bool) -> Seen:
+    """The event of the newest request, in the provider's zone."""
+    now, zone = time.time(), w.provider.zone
+    first = status.state != inc.request_state
+    if first:
         inc.request_state, inc.request_since = status.state, now
     in_state = now - inc.request_since
-    limit = w.config.request_limit(status.state, len(w.provider.zones))
-    event = judge.request_event(status.state, in_state, limit)
-    detail = f"queued resource in {w.provider.zone} {status.state}"
-    if event is Event.STOCKOUT:
-        detail = f"no capacity in {w.provider.zone}: queued for {in_state:.0f}s"
+    limit = w.config.request_limit(status.state, spread)
+    failure = failure_kind(status.code, status.detail) if status.state == queued.UNFILLED else ""
+    event = judge.request_event(status.state, in_state, limit, first, failure or "stockout",
+                                spread)  # fmt: skip
+    detail = f"queued resource in {zone} {status.state}"
+    if event is Event.UNKNOWN_STATE:
+        return event, (f"queued resource in {zone}: {status.detail}; waiting up to "
+                       f"{limit:.0f}s, then filing it again")  # fmt: skip
+    if event in (Event.PATIENCE, Event.STOCKOUT) and status.state == queued.WAITING:
+        detail = f"no capacity in {zone} yet: queued for {in_state:.0f}s (patience {limit:.0f}s)"
     elif event is Event.DEADLINE:
-        detail = f"queued resource {status.state} for {in_state:.0f}s (limit {limit:.0f}s)"
+        detail = (
+            f"queued resource in {zone} {status.state} for {in_state:.0f}s (limit {limit:.0f}s)"
+        )
     return event, f"{detail}: {status.detail}" if status.detail else detail
 
 

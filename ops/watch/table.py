@@ -3,7 +3,8 @@ goes through `advance` and nothing else changes a phase; the watcher journals ea
 
 Pure: no I/O, no clock. `ops.watch.judge` turns what was observed into an `Event`, and
 `ops.watch.actions` holds one plain function per `Action`. `python -m ops.watch` prints the
-table as markdown (docs/recovery-table.md is generated from it; a test keeps it current).
+table as markdown, with the deadlines of what the phases wait on (ops.watch.drawing;
+docs/recovery-table.md is generated from it; a test keeps it current).
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ class Event(StrEnum):
     RUNNING = "running"  # operation not done / slice not READY / bootstrap still running
     DONE = "done"  # operation done / slice READY / bootstrap ok on every worker
     STOCKOUT = "stockout"  # create refused or failed for capacity, or queued too long here
-    QUOTA = "quota"  # create refused for quota (HTTP 429 whose body names a quota)
+    QUOTA = "quota"  # create refused for a zone's quota (HTTP 429 whose body names a quota)
+    REGION_QUOTA = "region-quota"  # refused for a region's quota: no zone of it can help
     QUEUED = "queued"  # the create filed a queued resource: its node comes with capacity
+    PATIENCE = "patience"  # queued past the zone's patience, and a zone holds no request of ours
+    REFUSED_BESIDE = "refused-beside"  # a create beside a waiting request refused (quota, ...)
+    REQUEST_FAILED = "request-failed"  # the queued resource FAILED, not for capacity or quota
     FAILED = "failed"  # operation error, or a bootstrap failed
     GONE = "gone"  # the node was preempted, terminated or deleted meanwhile
     DEADLINE = "deadline"  # the phase outlasted its deadline
@@ -42,6 +47,8 @@ class Event(StrEnum):
     # What the judged phases observe (node + workers: ops.watch.judge.decide).
     CALM = "calm"  # running, starting, or a transition the TPU API finishes by itself
     NOTICE = "notice"  # a preemption notice: the job saves, the node goes next
+    SPOT_MAINTENANCE = "spot-maintenance"  # a spot node still under maintenance past the grace
+    UNKNOWN_STATE = "unknown-state"  # a state the client cannot name, or Google's UNKNOWN
     RESUMED = "resumed"  # after a recovery, every worker's job runs and reports a step again
     SLICE_LOST = "slice-lost"  # preempted, terminated, missing, or stuck in transition
     UNUSABLE = "unusable"  # READY but its bootstrap failed or a worker stays unreachable
@@ -69,8 +76,13 @@ class Action(StrEnum):
     CREATE = "create"  # issue nodes.create from the spec
     STOCKOUT = "stockout"  # journal it, spend the capacity budget, next zone, back off
     QUOTA = "quota"  # journal the quota, spend the quota budget, next zone, back off
+    REGION_QUOTA = "region-quota"  # journal the quota, spend the quota budget, back off here
     QUEUED = "queued"  # journal `queued`: the request waits in the zone's queue
+    FILE_BESIDE = "file-beside"  # the next zone's request filed beside the waiting one
+    KEEP_PLACE = "keep-place"  # journal the refusal: the waiting request keeps its place
+    FILLED = "filled"  # the first request ACTIVE wins: withdraw the others, journal `recreated`
     RETRY = "retry"  # journal the error, back off, recreate again (no budget spent)
+    REQUEST_FAILED = "request-failed"  # journal the error, spend its budget, back off, file anew
     REBUILD = "rebuild"  # a failure: charge the failure budget, then recreate
     RECREATED = "recreated"  # journal `recreated`
     READY = "ready"  # journal `ready`; files older than now are stale
@@ -82,6 +94,8 @@ class Action(StrEnum):
     OPEN_RESTART = "open-restart"  # a crash or hang: keep its stacks, charge, back off
     RESTART_FREE = "restart-free"  # a preempted job on a surviving node: restart, no charge
     NOTE_NOTICE = "note-notice"  # open a preemption incident while the job saves
+    NOTE_STATE = "note-state"  # open an incident for a node state waited on up to its deadline
+    NOTE_REQUEST = "note-request"  # journal a queued resource's state the client cannot name
     CLOSE = "close"  # journal `resumed` with the steps lost; the incident is over
     FINISH = "finish"  # journal `done`: watch exits 0
     STOP = "stop"  # journal the fatal exit: watch exits 3
@@ -94,6 +108,7 @@ P, E, A = Phase, Event, Action
 JUDGED = (P.WATCHING, P.AWAITING_RESUME)
 _JUDGED_ROWS: dict[Event, tuple[Phase | None, Action]] = {  # None: stay in the judged phase
     E.NOTICE: (None, A.NOTE_NOTICE),
+    E.UNKNOWN_STATE: (None, A.NOTE_STATE),
     E.RESUMED: (P.WATCHING, A.CLOSE),
     E.SLICE_LOST: (P.PENDING_RECREATE, A.OPEN_RECREATE),
     E.UNUSABLE: (P.PENDING_RECREATE, A.OPEN_REBUILD),
@@ -112,13 +127,21 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.AWAITING_CREATE, E.LOST): (P.AWAITING_CREATE, A.CREATE),
     (P.AWAITING_CREATE, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),
     (P.AWAITING_CREATE, E.QUOTA): (P.AWAITING_CAPACITY, A.QUOTA),
+    (P.AWAITING_CREATE, E.REGION_QUOTA): (P.AWAITING_CAPACITY, A.REGION_QUOTA),
     (P.AWAITING_CREATE, E.QUEUED): (P.AWAITING_QUEUED, A.QUEUED),
+    (P.AWAITING_CREATE, E.REFUSED_BESIDE): (P.AWAITING_QUEUED, A.KEEP_PLACE),
     (P.AWAITING_CREATE, E.FAILED): (P.PENDING_RECREATE, A.RETRY),
     (P.AWAITING_CREATE, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
-    (P.AWAITING_QUEUED, E.DONE): (P.AWAITING_READY, A.RECREATED),
+    (P.AWAITING_QUEUED, E.DONE): (P.AWAITING_READY, A.FILLED),
+    (P.AWAITING_QUEUED, E.PATIENCE): (P.AWAITING_CAPACITY, A.FILE_BESIDE),  # then create there
+    # FAILED, judged by its error: capacity, a zone's or a region's quota, or its own problem
     (P.AWAITING_QUEUED, E.STOCKOUT): (P.AWAITING_CAPACITY, A.STOCKOUT),  # another zone's turn
-    (P.AWAITING_QUEUED, E.GONE): (P.PENDING_RECREATE, A.RETRY),  # FAILED, SUSPENDED: file anew
+    (P.AWAITING_QUEUED, E.QUOTA): (P.AWAITING_CAPACITY, A.QUOTA),
+    (P.AWAITING_QUEUED, E.REGION_QUOTA): (P.AWAITING_CAPACITY, A.REGION_QUOTA),
+    (P.AWAITING_QUEUED, E.REQUEST_FAILED): (P.PENDING_RECREATE, A.REQUEST_FAILED),
+    (P.AWAITING_QUEUED, E.GONE): (P.PENDING_RECREATE, A.RETRY),  # SUSPENDED, gone: file anew
     (P.AWAITING_QUEUED, E.DEADLINE): (P.PENDING_RECREATE, A.RETRY),
+    (P.AWAITING_QUEUED, E.UNKNOWN_STATE): (P.AWAITING_QUEUED, A.NOTE_REQUEST),
     (P.AWAITING_CAPACITY, E.DUE): (P.AWAITING_CREATE, A.CREATE),
     (P.AWAITING_READY, E.DONE): (P.AWAITING_BOOTSTRAP, A.READY),
     (P.AWAITING_READY, E.GONE): (P.PENDING_RECREATE, A.RETRY),
@@ -131,6 +154,9 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
     (P.PENDING_RESTART, E.GONE): (P.WATCHING, A.HAND_BACK),
     # Only from a calm slice: a recovery (a failed rollout's included) finishes first.
     (P.WATCHING, E.NEW_BUNDLE): (P.AWAITING_RESUME, A.ROLL_OUT),
+    # One in-place restart per maintenance event: in awaiting-resume the event has no row; the
+    # node counts as lost (slice-lost) once the maintenance outlasts its deadline.
+    (P.WATCHING, E.SPOT_MAINTENANCE): (P.AWAITING_RESUME, A.RESTART_FREE),
     **{(phase, event): (to or phase, action)
        for phase in JUDGED for event, (to, action) in _JUDGED_ROWS.items()},
 }  # fmt: skip
@@ -146,8 +172,8 @@ OBSERVES: dict[Phase, Observes] = {
     P.AWAITING_BOOTSTRAP: Observes.BOOTSTRAP,
 }
 # Actions that open an incident (or continue the one open): the judged event names its kind.
-OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE, A.STOP,
-         A.ROLL_OUT}  # fmt: skip
+OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE,
+         A.NOTE_STATE, A.STOP, A.ROLL_OUT}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,21 +186,3 @@ def advance(phase: Phase, event: Event) -> Transition | None:
     """The row for (phase, event); None where the table has none (nothing happens)."""
     row = TABLE.get((phase, event))
     return Transition(*row) if row else None
-
-
-def markdown() -> str:
-    """The table as docs/recovery-table.md shows it."""
-    lines = [
-        "# The recovery table",
-        "",
-        "Generated from `ops/watch/table.py` by `uv run python -m ops.watch > "
-        "docs/recovery-table.md`; every transition `tpupod watch` makes is one of these rows "
-        "(journaled as a `transition` event). A (phase, event) pair not listed changes nothing.",
-        "",
-        "| phase | event | next phase | action |",
-        "| --- | --- | --- | --- |",
-    ]
-    lines += [f"| {p} | {e} | {to} | {a} |" for (p, e), (to, a) in TABLE.items()]
-    lines += ["", "What each waiting phase observes:", "", "| phase | observes |", "| --- | --- |"]
-    lines += [f"| {p} | {what} |" for p, what in OBSERVES.items()]
-    return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ internal error (an exception: the watcher's service restarts it), 2 bad input (t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -50,7 +51,8 @@ ACTING = {Event.SLICE_LOST, Event.UNUSABLE, Event.JOB_FAILED, Event.JOB_PREEMPTE
           Event.NEW_BUNDLE}  # fmt: skip
 CALM = {None, WorkerCondition.RUNNING, WorkerCondition.STARTING, WorkerCondition.BOOTSTRAPPING}
 # The incident an action opens, where the judged condition does not name it.
-OPENED_AS = {Action.NOTE_NOTICE: "preemption", Action.STOP: "fatal", Action.ROLL_OUT: "rollout"}
+OPENED_AS = {Action.NOTE_NOTICE: "preemption", Action.NOTE_STATE: "unknown-state",
+             Action.STOP: "fatal", Action.ROLL_OUT: "rollout"}  # fmt: skip
 DEFAULT_KIND = {Action.OPEN_RESTART: "crash", Action.RESTART_FREE: "crash"}
 
 
@@ -147,9 +149,9 @@ class Watcher:
             self.progress.track(self.probes)
         decision = judge.decide(info.state, self.probes, self.since, self._waited,
                                 self.config.limits, info.health, self.rules,
-                                self.last_step, info.bundle, info.spot)  # fmt: skip
+                                self.last_step, info.bundle, info.spot, info.detail)  # fmt: skip
         self._tick(decision.key)
-        if decision.key == MAINTENANCE:  # the VMs reboot: what they wrote before is stale
+        if decision.key == MAINTENANCE and not info.spot:  # the VMs reboot: their files are stale
             self.since = time.time()
         if self.on_poll is not None:
             self.on_poll(self, self.probes)
@@ -171,7 +173,7 @@ class Watcher:
         if seen is None:  # the TPU API did not answer: the same observation next poll
             return
         event, detail = seen
-        if event is Event.DEADLINE:
+        if event is Event.DEADLINE and math.isfinite(deadline):  # else the observer's own limit
             detail = f"{inc.phase} for {waited:.0f}s (deadline {deadline:.0f}s)"
         self.on(event, detail)
 
@@ -237,7 +239,8 @@ class Watcher:
     def restarted_now(self) -> None:
         """The job starts afresh: files older than now belong to the last attempt."""
         self.since = time.time()
-        self.first_seen.clear()
+        # A maintenance event is the node's, not the job's: a restart does not start it again.
+        self.first_seen = {k: v for k, v in self.first_seen.items() if k == MAINTENANCE}
 
     def milestone(self, name: str, started: float, message: str, **fields) -> None:
         now = time.time()

@@ -95,27 +95,84 @@ def test_a_stockout_in_one_zone_brings_the_slice_back_in_the_next(
     assert local.inject_stockout(0, zone=here) == 2  # zone a was asked once
 
 
-def test_a_request_queued_too_long_in_one_zone_is_withdrawn_and_filed_in_the_next(
-    pod_factory, tmp_path: Path
-) -> None:
-    local = pod_factory()
-    local.up()
+def requests_by_zone(provider) -> set[str]:
+    """The zones holding a queued resource of the project now."""
+    parent = f"projects/{provider.target.project}/locations/-"
+    return {r.name.split("/")[3] for r in provider.client.list_queued_resources(parent=parent)}
+
+
+def beside(local: LocalPod, tmp_path: Path, stockouts: dict[str, int], patience: float = 1.5):
+    """Preempt the slice with `stockouts` pending per zone (one spent per second a request
+    waits there), and watch it back with the zones' patience, noting the zones that hold a
+    request at every poll."""
     provider = pod_provider(local.paths.root)
     here = provider.describe().zone
-    config = dataclasses.replace(CONFIG, zone_patience=2.0)
+    config = dataclasses.replace(CONFIG, zone_patience=patience, quota_backoff=0.5)
     watcher = watcher_for(provider, tmp_path, "journal", config)
-    local.inject_stockout(1000, zone=here)  # zone a stays full
+    for zone, count in stockouts.items():  # "here" or "there"
+        local.inject_stockout(count, zone={"here": here, "there": other(here)}[zone])
     local.preempt(notice=0)
-    drive(watcher, phase_is(Phase.AWAITING_RESUME))
+    held: list[set[str]] = []
+
+    def resumed(w: Watcher) -> bool:
+        held.append(requests_by_zone(provider))
+        return phase_is(Phase.AWAITING_RESUME)(w)
+
+    drive(watcher, resumed)
     watcher.close()
+    return watcher, here, held, provider
+
+
+def test_a_request_queued_past_its_patience_keeps_its_place_and_the_next_zone_is_filed_beside(
+    pod_factory, tmp_path: Path
+) -> None:
+    """Zone a stays full: past the zone's patience zone b's request is filed beside a's (a's is
+    not withdrawn: it keeps its place in a's queue), b's is filled first, and a's is withdrawn
+    then (before: a's was deleted to file b's instead)."""
+    local = pod_factory()
+    local.up()
+    watcher, here, held, provider = beside(local, tmp_path, {"here": 1000})
     events = watcher.journal.events
     assert [e["zone"] for e in events if e["event"] == "queued"] == [here, other(here)]
-    stockout = [e for e in events if e["event"] == "stockout"]
-    assert len(stockout) == 1 and "queued for" in stockout[0]["message"]
-    # the request left in zone a was withdrawn: node and request live in b alone
-    assert [r.name.split("/")[3] for r in provider.client.list_queued_resources(
-        parent=f"projects/{provider.target.project}/locations/-")] == [other(here)]  # fmt: skip
+    assert {here, other(here)} in held  # both asked at once
+    assert [e["event"] for e in events].count("beside") == 1
+    withdrawn = [e for e in events if e["event"] == "withdrawn"]
+    assert [e["zones"] for e in withdrawn] == [[here]]
+    assert "stockout" not in [e["event"] for e in events]
+    assert requests_by_zone(provider) == {other(here)}
     assert provider.describe().zone == other(here)
+
+
+def test_the_first_request_filled_wins_even_the_older_one(pod_factory, tmp_path: Path) -> None:
+    """Zone a fills a few seconds in, after b's request was filed beside it; b stays full: the
+    slice comes back in a and b's request is withdrawn (before: a's had been withdrawn, and b's
+    waited for capacity that never came)."""
+    local = pod_factory()
+    local.up()
+    watcher, here, held, provider = beside(local, tmp_path, {"here": 6, "there": 1000})
+    events = watcher.journal.events
+    assert {here, other(here)} in held
+    assert [e["zone"] for e in events if e["event"] == "recreated"] == [here]
+    assert [e["zones"] for e in events if e["event"] == "withdrawn"] == [[other(here)]]
+    assert requests_by_zone(provider) == {here}
+
+
+def test_a_request_is_filed_beside_only_as_quota_permits(pod_factory, tmp_path: Path) -> None:
+    """The region's quota holds one slice, which the waiting request in a takes: the request
+    beside it in b is refused for quota, no budget is spent, and a's keeps its place until
+    filled (before: a's was withdrawn to file in b)."""
+    local = pod_factory(quota_chips=4)
+    local.up()
+    watcher, here, held, provider = beside(local, tmp_path, {"here": 6})
+    events = watcher.journal.events
+    kept = [e for e in events if e["event"] == "kept_place"]
+    assert kept and "PerRegionForTPUAPI" in kept[0]["message"], [e["message"] for e in events]
+    assert all(e["next_zone"] == here for e in kept)
+    names = [e["event"] for e in events]
+    assert "quota" not in names and "withdrawn" not in names and "gave_up" not in names
+    assert all(zones <= {here} for zones in held)  # never a second request: quota
+    assert [e["zone"] for e in events if e["event"] == "recreated"] == [here]
+    assert watcher.incident.quota_refusals == 0
 
 
 def test_local_up_can_file_a_queued_resource_for_the_first_node(pod_factory) -> None:

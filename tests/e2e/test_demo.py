@@ -5,9 +5,9 @@ only observes; its final checkpoint bitwise equal, array by array, to an uninter
 demo exits 0 only then).
 
 `slow` (3-4 minutes with cold workers, whose every boot installs from the bucket): CI runs each of
-its parts on its own pod instead (the watcher VM's recovery and its kill: test_watcher.py; a zone
-move after a stockout: test_capacity.py; a user job bitwise equal after a crash and a preemption:
-test_jobs.py; a hang: test_forensics.py)."""
+its parts on its own pod instead (the watcher VM's recovery and its kill: test_watcher.py; the
+next zone's request filed beside a waiting one: test_capacity.py; a user job bitwise equal after
+a crash and a preemption: test_jobs.py; a hang: test_forensics.py)."""
 
 from __future__ import annotations
 
@@ -62,16 +62,19 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     assert latency < 2.0, messages
     assert resumed["preemption"]["steps_lost"] == 0, messages
     # the slice's zone had no capacity: its queued resource waited there past the zone's
-    # patience, then the slice came back in the other zone, charged to neither budget
+    # patience, the other zone's was filed beside it and filled first, and the waiting one was
+    # withdrawn then; charged to neither budget
     names = [e["event"] for e in watcher]
-    assert names.count("stockout") == 1 and names.count("recreated") == 1, messages
-    stockout = next(e for e in watcher if e["event"] == "stockout")
+    assert names.count("beside") == 1 and names.count("recreated") == 1, messages
+    beside = next(e for e in watcher if e["event"] == "beside")
     recreated = next(e for e in watcher if e["event"] == "recreated")
-    assert stockout["zone"] != stockout["next_zone"] == recreated["zone"], messages
+    assert beside["zone"] != beside["next_zone"] == recreated["zone"], messages
     assert [e["zone"] for e in watcher if e["event"] == "queued"] == [
-        stockout["zone"],
+        beside["zone"],
         recreated["zone"],
     ]
+    withdrawn = [e["zones"] for e in watcher if e["event"] == "withdrawn"]
+    assert withdrawn == [[beside["zone"]]] and "stockout" not in names, messages
     done = next(e for e in watcher if e["event"] == "done")
     assert (done["preemptions"], done["failures"]) == (1, 2), messages
     attempts = [e["attempt"] for e in watcher if e["event"] in ("restarted", "recreated")]

@@ -184,7 +184,8 @@ def test_a_quota_refusal_is_named_backed_off_and_sends_the_slice_to_the_next_zon
     answers it; google-api-core raises TooManyRequests for it, not ResourceExhausted) is neither
     a crash of the watch nor a stockout: one line names the quota and how to get more, the
     quota budget (not the capacity one) is spent, and the next zone of tpupod:zones is tried."""
-    from localpod.tpu_nodes import QUOTA_LIMIT
+    from infra.catalog import quota_metric
+    from localpod.tpu_quota import LOCAL_QUOTA
 
     provider = pod_provider(pod.paths.root)
     assert provider.queued and provider.zones == ["local-a", "local-b"]
@@ -197,7 +198,8 @@ def test_a_quota_refusal_is_named_backed_off_and_sends_the_slice_to_the_next_zon
     watcher.close()
     quota = [e for e in journal.events if e["event"] == "quota"]
     assert len(quota) == 1, [e["message"] for e in journal.events]
-    assert QUOTA_LIMIT in quota[0]["message"] and "IAM & Admin > Quotas" in quota[0]["message"]
+    named = quota_metric(LOCAL_QUOTA, spot=True, scope="zone")
+    assert named in quota[0]["message"] and "IAM & Admin > Quotas" in quota[0]["message"]
     there = "local-b" if here == "local-a" else "local-a"
     assert (quota[0]["zone"], quota[0]["next_zone"]) == (here, there)
     names = [e["event"] for e in journal.events]

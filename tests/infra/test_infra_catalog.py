@@ -70,3 +70,25 @@ def test_every_generation_is_consistent():
 def test_gce_names_are_valid(parts):
     name = gce_name(*parts)
     assert GCE_NAME.match(name) and len(name) <= 63
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "spot", "scope", "name"),
+    [  # each as Google's 429s name it (captured in public logs; infra.catalog says so)
+        ("v6e-8", True, "zone", "TPUV6EPreemptiblePerProjectPerZoneForTPUAPI"),
+        ("v6e-8", False, "region", "TPUV6EPerProjectPerRegionForTPUAPI"),
+        ("v4-32", True, "region", "TPUV4sPreemptiblePodPerProjectPerRegionForTPUAPI"),
+        ("v5e-16", False, "zone", "TPUV5sLitepodPerProjectPerZoneForTPUAPI"),
+        ("v5e-16", True, "zone", "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"),
+        ("v5p-8", True, "zone", "TPUV5PPreemptiblePerProjectPerZoneForTPUAPI"),
+        ("v5p-8", False, "region", "TPUV5PPerProjectPerRegionForTPUAPI"),
+    ],
+)
+def test_quota_names_are_googles(accelerator, spot, scope, name):
+    template = catalog.lookup(accelerator).generation.quota
+    assert catalog.quota_metric(template, spot, scope) == name
+
+
+def test_a_quota_scope_is_a_region_or_a_zone():
+    with pytest.raises(ValueError, match="region, zone"):
+        catalog.quota_metric("TPUV6E{spot}", True, "project")

@@ -163,3 +163,20 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     commits(200)
     watcher.charge("crash")
     assert watcher.restart_wait() == 0.0 and watcher.failures == 4
+
+
+def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_another():
+    """The queue keeps its place (issue 48): a request filed beside a waiting one in another
+    zone may be the one filled; `tpupod status` says why the slice moved, and says nothing
+    when the waiting one won."""
+    from ops.remote_watch import restarts_of
+
+    def journal(winner: str) -> list[dict]:
+        return [{"event": "detected", "message": "preemption: slice PREEMPTED", "time": 0},
+                {"event": "beside", "zone": "a", "next_zone": "b", "time": 1},
+                {"event": "recreated", "zone": winner, "attempt": 2, "time": 2}]  # fmt: skip
+
+    assert restarts_of(journal("b"), None)[1].endswith(
+        "recreated slice in b, after waiting in a): preemption: slice PREEMPTED"
+    )
+    assert "after" not in restarts_of(journal("a"), None)[1]

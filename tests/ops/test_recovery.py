@@ -57,7 +57,8 @@ def test_every_slice_state_has_a_row():
         (SliceState.TERMINATED, Event.SLICE_LOST),
         (SliceState.DELETING, Event.CALM),
         (SliceState.MISSING, Event.SLICE_LOST),
-        (SliceState.UNKNOWN, Event.CALM),
+        (SliceState.UNKNOWN, Event.UNKNOWN_STATE),  # Google's, after a failed repair
+        (SliceState.UNRECOGNIZED, Event.UNKNOWN_STATE),  # one the client cannot name
     ],
 )
 def test_slice_state_to_action(state, action):
@@ -67,6 +68,21 @@ def test_slice_state_to_action(state, action):
 @pytest.mark.parametrize("state", [s for s, a in SLICE_ACTIONS.items() if a is SliceAction.WAIT])
 def test_a_transition_stuck_past_its_deadline_is_recreated(state):
     assert decide(state, [], SINCE, forever, LIMITS).event is Event.SLICE_LOST
+
+
+@pytest.mark.parametrize(
+    ("state", "limit"), [(SliceState.UNKNOWN, "failed_repair"),
+                         (SliceState.UNRECOGNIZED, "unknown_state")])  # fmt: skip
+def test_a_state_with_a_deadline_of_its_own_is_recreated_after_it_not_the_transient_one(
+    state, limit
+):
+    """Found in issue 48: Google's UNKNOWN and a state the client cannot name waited the
+    transient 30 minutes; each now has its own named deadline (ops.watch.deadlines)."""
+    limits = Limits(transient=1800, failed_repair=300, unknown_state=600)
+    within = decide(state, [], SINCE, lambda _: getattr(limits, limit) - 1, limits, detail="99")
+    assert within.event is Event.UNKNOWN_STATE and limit in within.reason and "99" in within.reason
+    past = decide(state, [], SINCE, lambda _: getattr(limits, limit) + 1, limits)
+    assert past.event is Event.SLICE_LOST and limit in past.reason
 
 
 @pytest.mark.parametrize(
@@ -215,10 +231,22 @@ def test_done_needs_every_worker_at_the_declared_steps():
 
 
 def test_maintenance_health_is_a_preemption_notice_on_a_spot_node():
-    d = decide(SliceState.READY, [probe()], SINCE, never, LIMITS, "UNHEALTHY_MAINTENANCE")
-    assert (d.event, d.condition) == (Event.NOTICE, WorkerCondition.PREEMPTED)
-    d = decide(SliceState.READY, [probe()], SINCE, forever, LIMITS, "UNHEALTHY_MAINTENANCE")
-    assert d.event is Event.JOB_PREEMPTED
+    """A notice, then (past the grace) the one in-place restart of the maintenance event, then
+    (past spot_maintenance, timed from the event's start) a lost slice. Found in issue 48: it
+    was JOB_PREEMPTED, restarted in place every grace period for as long as it lasted."""
+
+    def at(seconds):
+        return decide(SliceState.READY, [probe()], SINCE, lambda key: seconds, LIMITS,
+                      "UNHEALTHY_MAINTENANCE")  # fmt: skip
+
+    d = at(0.0)
+    assert (d.event, d.condition, d.key) == (Event.NOTICE, WorkerCondition.PREEMPTED, "maintenance")
+    assert at(LIMITS.preempt_grace + 1).event is Event.SPOT_MAINTENANCE
+    assert at(LIMITS.spot_maintenance + 1).event is Event.SLICE_LOST
+    from ops.watch.table import Phase, advance
+
+    assert advance(Phase.WATCHING, Event.SPOT_MAINTENANCE).phase is Phase.AWAITING_RESUME
+    assert advance(Phase.AWAITING_RESUME, Event.SPOT_MAINTENANCE) is None  # once per event
 
 
 def test_maintenance_of_an_on_demand_node_is_waited_for_not_restarted_over_ssh():
@@ -308,18 +336,23 @@ def test_a_bundle_the_workers_do_not_run_is_rolled_out_only_onto_a_calm_slice_th
         ("ACCEPTED", 5.0, 1, Event.RUNNING),
         ("ACCEPTED", 31.0, 1, Event.DEADLINE),  # an operation's limit
         ("WAITING_FOR_RESOURCES", 5.0, 2, Event.RUNNING),
-        ("WAITING_FOR_RESOURCES", 11.0, 2, Event.STOCKOUT),  # past the zone's patience
+        ("WAITING_FOR_RESOURCES", 11.0, 2, Event.PATIENCE),  # past it: the next zone beside
         ("WAITING_FOR_RESOURCES", 1e6, 1, Event.RUNNING),  # one zone: the queue is the wait
         ("PROVISIONING", 19.0, 2, Event.RUNNING),  # capacity found: patience was the queue's
         ("PROVISIONING", 21.0, 2, Event.DEADLINE),  # as a create's node to READY
+        ("UNRECOGNIZED", 39.0, 1, Event.RUNNING),  # a state the client cannot name: its own
+        ("UNRECOGNIZED", 41.0, 1, Event.DEADLINE),  # deadline, then filed anew
     ],
 )
 def test_a_queued_resource_state_is_one_event_timed_per_state(state, waited, zones, event):
     from ops.watch.deadlines import WatchConfig
     from ops.watch.judge import request_event
 
-    config = WatchConfig(zone_patience=10.0, ready_deadline=20.0, operation_deadline=30.0)
-    assert request_event(state, waited, config.request_limit(state, zones)) is event
+    config = WatchConfig(zone_patience=10.0, ready_deadline=20.0, operation_deadline=30.0,
+                         limits=Limits(unknown_state=40.0))  # fmt: skip
+    spread = zones > 1  # a zone holds no request of ours yet
+    limit = config.request_limit(state, spread)
+    assert request_event(state, waited, limit, spread=spread) is event
 
 
 def test_refusals_back_off_per_zone_each_kind_on_its_own_budget():
@@ -339,21 +372,21 @@ def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
     from types import SimpleNamespace
 
     from ops import queued
-    from ops.watch import actions, observe
+    from ops.watch import capacity, observe
     from ops.watch.deadlines import WatchConfig
     from ops.watch.incident import Incident
 
-    provider = SimpleNamespace(zone="b", zones=["a", "b"], request_status=lambda: (
+    provider = SimpleNamespace(zone="b", zones=["a", "b"], request_status=lambda zone=None: (
         queued.QueuedStatus(queued.WAITING)))  # fmt: skip
     journal = SimpleNamespace(event=lambda *a, **k: None)
     w = SimpleNamespace(provider=provider, journal=journal, config=WatchConfig(zone_patience=10.0),
                         api=lambda call: call())  # fmt: skip
     inc = Incident("preemption", "", 0.0, 0, request_state=queued.WAITING,
                    request_since=time.time() - 60)  # fmt: skip
-    actions.queued(w, inc, "")
+    capacity.queued(w, inc, "")
     assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.RUNNING
-    inc.request_since -= 11  # this request's own patience spent
-    assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.STOCKOUT
+    inc.request_since -= 11  # this request's own patience spent: zone a's turn, beside it
+    assert observe.request(w, inc, 0.0, float("inf"))[0] is Event.PATIENCE
 
 
 def test_a_status_that_says_failed_with_a_fatal_code_is_fatal_before_the_process_exits():
@@ -372,3 +405,15 @@ def test_a_status_that_says_failed_with_a_fatal_code_is_fatal_before_the_process
     noticed = probe(state="failed", alive=True, preempted_flag=True)
     noticed.status.exit_code = 2
     assert judge(noticed) is not WorkerCondition.FATAL
+
+
+@pytest.mark.parametrize(
+    ("failure", "event"),
+    [("stockout", Event.STOCKOUT), ("quota", Event.QUOTA), ("region-quota", Event.REGION_QUOTA),
+     ("other", Event.REQUEST_FAILED)],
+)  # fmt: skip
+def test_a_failed_queued_resource_is_judged_by_its_error(failure, event):
+    """Found in issue 48: every FAILED request counted as a stockout and was filed forever."""
+    from ops.watch.judge import request_event
+
+    assert request_event("FAILED", 0.0, 10.0, failure=failure) is event

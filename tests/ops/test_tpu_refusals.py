@@ -101,3 +101,48 @@ def test_a_429_outside_a_create_is_a_rate_limit_retried():
     assert type(judged(err, "queuedResources.get", "n", None)) is ProviderError
     assert judged(err, "queuedResources.create", "n", None) is err
     assert judged(err, "create", "n", None) is err
+
+
+def _quota_failure(*broken: tuple[str, int, str]) -> gexc.GoogleAPICallError:
+    """A 429 as the TPU API sends it for quota (captured): every limit named in the message,
+    joined by commas, and a QuotaFailure violation each; no ErrorInfo."""
+    names, limits, places = (",".join(str(b[i]) for b in broken) for i in range(3))
+    violations = [{"subject": "project:1234", "description": f"Quota '{n}' exhausted. Limit {lim}"
+                   f" in {p}"} for n, lim, p in broken]  # fmt: skip
+    return _429(f"Quota limit '{names}' has been exceeded. Limit: {limits} in {places}.",
+                [{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                  "violations": violations}])  # fmt: skip
+
+
+def test_a_zones_quota_is_told_from_a_regions_by_the_names_google_gives():
+    """Another zone has a quota of its own; no zone of the region escapes the region's."""
+    zone = ("TPUV6EPreemptiblePerProjectPerZoneForTPUAPI", 8, "zone us-east5-a")
+    region = ("TPUV6EPreemptiblePerProjectPerRegionForTPUAPI", 16, "region us-east5")
+    by_zone = refused(_quota_failure(zone), "v6e-8 in us-east5-a")
+    assert isinstance(by_zone, QuotaExceeded) and not by_zone.regional
+    assert by_zone.names == [zone[0]] and "another zone in tpupod:zones" in str(by_zone)
+    for broken in ((region,), (region, zone)):
+        by_region = refused(_quota_failure(*broken), "v6e-8 in us-east5-a")
+        assert isinstance(by_region, QuotaExceeded) and by_region.regional
+        assert by_region.names == [b[0] for b in broken]
+        assert "cannot help" in str(by_region) and "tpupod:zones" not in str(by_region)
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "kind"),
+    [
+        (8, 'There is no more capacity in the zone "us-east5-a"; you can try in another zone', "stockout"),
+        (4, "the request could not be fulfilled before its validUntilDuration", "stockout"),
+        (0, "", "stockout"),  # FAILED with no error: not filled, as far as anyone can tell
+        (8, "Quota limit 'TPUV6EPreemptiblePerProjectPerZoneForTPUAPI' has been exceeded. "
+            "Limit: 8 in zone us-east5-a.", "quota"),
+        (8, "Quota 'TPUV5PPerProjectPerRegionForTPUAPI' exhausted. Limit 8 in region us-central1",
+         "region-quota"),
+        (3, "Cloud TPU received a bad request. the accelerator v6e-4 was not found", "other"),
+        (9, "Insufficient reserved capacity. Contact customer support", "other"),
+    ],
+)  # fmt: skip
+def test_a_failed_requests_error_says_what_recovery_does(code, message, kind):
+    from ops.tpu_errors import failure_kind
+
+    assert failure_kind(code, message) == kind
