@@ -162,10 +162,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or PROJECT_ROOT / ".tpupod" / "cache") / "iam"
 
 
-def load(stack: str, pod_stack: str, project: str, bucket: str, job_dir: str | None,
-         job_secrets: str = "") -> Policy:  # fmt: skip
+def secrets_job(secrets: tuple[str, ...]) -> str | None:
+    """A job directory that reads `secrets` and does nothing else (None without secrets): what a
+    job contributes to a stack's IAM is its secrets alone (a grant on each, and Secret Manager
+    on), so the policy is evaluated with this stand-in and cached by the secrets, not the job."""
+    if not secrets:
+        return None
+    directory = cache_dir() / "jobs" / hashlib.sha256("\0".join(secrets).encode()).hexdigest()[:16]
+    spec = directory / "tpupod-job.yaml"
+    if not spec.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        listed = "".join(f"  - {s}\n" for s in secrets)
+        spec.write_text(f"run: 'true'\nprogress: none\nsecrets:\n{listed}")
+    return str(directory)
+
+
+def load(stack: str, pod_stack: str, project: str, bucket: str,
+         secrets: tuple[str, ...] = ()) -> Policy:  # fmt: skip
     """The policy, from the cache or a fresh evaluation in a subprocess (PodError on failure)."""
-    key = _cache_key(stack, pod_stack, project, bucket, job_dir or "", job_secrets)
+    job_dir = secrets_job(secrets)
+    key = _cache_key(stack, pod_stack, project, bucket, ",".join(secrets))
     cached = cache_dir() / f"{key}.json"
     if cached.is_file():
         return Policy.from_json(json.loads(cached.read_text()))

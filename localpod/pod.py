@@ -228,10 +228,8 @@ class LocalPod(TpuAnswers):
         new token key (tokens of an earlier pod are worthless here)."""
         shutil.rmtree(self.paths.root / "iam", ignore_errors=True)
         tokens.new_key(self.paths.root)
-        job_dir = self.job.source if Path(self.job.source).is_dir() else None  # else built-in
-        secrets = ",".join(sorted(set(self.job.spec.secrets.values())))
-        policy = iam_policy.load(self.iam_stack, self.stack, PROJECT_ID, self.bucket, job_dir,
-                                 secrets)  # fmt: skip
+        secrets = tuple(sorted(set(self.job.spec.secrets.values())))
+        policy = iam_policy.load(self.iam_stack, self.stack, PROJECT_ID, self.bucket, secrets)
         write_json(self.paths.root / POLICY_FILE, policy.to_json())
         return policy
 
