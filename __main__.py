@@ -14,7 +14,7 @@ from infra.identity import WorkerIdentity, WorkerIdentityArgs
 from infra.network import Network, NetworkArgs
 from infra.services import ProjectServices, ProjectServicesArgs
 from infra.tpu_slice import TpuSlice, TpuSliceArgs
-from infra.watcher import WatcherVm, WatcherVmArgs
+from infra.watcher_vm import WatcherVm, WatcherVmArgs
 
 config = load()  # RunError on any bad key (a bad job directory too), before any resource exists
 job = config.job_definition()

@@ -17,7 +17,7 @@ Per fault: recovered or not, steps lost, recovery time (fault -> first step; for
 -> first step), and whether a committed checkpoint was lost: the newest committed step the
 trainers reported before the fault must be the one (or older than the one) the next trainer
 restores from; a restore that falls back past an unreadable step fails that check too. At the end
-of each leg every checkpoint step the bucket still holds is read in full (ops.checkpoints).
+of each leg every checkpoint step the bucket still holds is read in full (ops.commands.checkpoints).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from bench.podrun import RunRecord, run_on_pod
 from bench.recovery_bench import HANG_S, checkpoint_interval, incidents
 from localpod import faults
 from localpod.faults import KINDS
-from ops.target import write_atomic
+from ops.cloud.target import write_atomic
 
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,
@@ -80,7 +80,7 @@ def survey_checkpoints(pod) -> dict:
     """Every step the job's workdir still holds, read in full: (un)readable and set aside."""
     import argparse
 
-    from ops.checkpoints import locate, survey
+    from ops.commands.checkpoints import locate, survey
 
     try:
         args = argparse.Namespace(stack="local", pod_dir=pod.paths.root, workdir=None)

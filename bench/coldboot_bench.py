@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from bench.report import Figure, median, spread
-from localpod import storage
 from localpod.env_seed import PREFIX, SEED_VAR
+from localpod.gcp import storage
 from localpod.pod import LocalPod
 
 ARGS = "--config tiny --steps 1000000"

@@ -48,8 +48,8 @@ VARIANTS = {"tpupod": UNDER_TPUPOD, "direct": DIRECT}
 
 def timed_run(pod, variant: str, run: str, timeout: float = 1800.0) -> float:
     """One run of the job on every worker at once; first launch -> last exit, seconds."""
-    from localpod.demo.reference import pod_provider
-    from ops.workers import WorkerGroup, as_root
+    from demo.reference import pod_provider
+    from ops.fleet.workers import WorkerGroup, as_root
 
     workers = pod_provider(pod.paths.root).describe().workers
     with WorkerGroup(workers, retries=0) as group:

@@ -1,7 +1,7 @@
 """One benchmark run on a local pod: bring it up, watch it with `ops.watch.Watcher` while a fault
 schedule injects events and a sampler records the workers' files, then tear it down.
 
-The pod, the watch loop and the journal are the real ones the demo uses (`localpod.demo.run`); the
+The pod, the watch loop and the journal are the real ones the demo uses (`demo.run`); the
 benchmarks run the built-in trainer's job (`trainer_args`), whose uninterrupted references run
 the trainer itself with the job's environment. This module only wires them together and keeps
 what the analyses need.
@@ -21,11 +21,11 @@ from rich.console import Console
 
 from bench.faults import Schedule, Stop, WatchKilled
 from bench.sampler import Sampler
-from ops.job_status import JobRules
-from ops.journal import Journal
-from ops.target import write_atomic
+from ops.cloud.target import write_atomic
+from ops.fleet.job_status import JobRules
 from ops.watch import Limits, WatchConfig, Watcher
 from ops.watch.incident import IncidentStore
+from ops.watch.journal import Journal
 
 POLL_S = 0.5  # the watch's poll here, and the references' observation load
 
@@ -100,9 +100,9 @@ def run_on_pod(
     in `checks`) runs on the pod before it goes; `warm`: no fault before the job's environment
     is published (its bytecode in the bucket, as hours of a real run leave it by the first
     preemption); `pod_options`: more LocalPod keywords (create_via); `storage_faults`: a
-    localpod.storage_faults plan for the bucket once the pod is up. The pod is always torn
+    localpod.gcp.storage_faults plan for the bucket once the pod is up. The pod is always torn
     down, whatever happens."""
-    from localpod.demo.reference import read_object
+    from demo.reference import read_object
     from localpod.pod import LocalPod
 
     console = console or Console()
@@ -179,7 +179,7 @@ def run_on_pod(
 def watch_until_end(pod, journal: Journal, schedule: Schedule, config) -> str:
     """The real watch loop with the schedule as its on_poll hook; a watch the schedule kills
     (WatchKilled) is replaced by a new one that goes on from the same incident.json."""
-    from localpod.demo.reference import pod_provider
+    from demo.reference import pod_provider
 
     provider = pod_provider(pod.paths.root)
     store = IncidentStore(pod.paths.root / "incident.json")
@@ -236,7 +236,7 @@ def observed(provider, workers) -> Iterator[dict[str, int]]:
     and the trainers share 2 cores (about 5 % of the trainers' step rate), so a reference
     without it would charge the faulted run's watch to its faults. Yields the poll counts: a
     poll that fails adds less load, so the caller reports them."""
-    from ops.workers import WorkerGroup
+    from ops.fleet.workers import WorkerGroup
 
     stop = threading.Event()
     counts = {"polls": 0, "failed": 0}
@@ -273,8 +273,8 @@ def run_reference(
     (final step, fingerprint) and its wall time. Its own workdir, runs/<stack>/<name> (under the
     stack's prefix: the workers may write nowhere else); `extra` (default:
     REFERENCES[name]) follows the job's arguments, so its --steps and --set win."""
-    from localpod.demo.reference import pod_provider, read_object
-    from ops.workers import WorkerGroup, as_root
+    from demo.reference import pod_provider, read_object
+    from ops.fleet.workers import WorkerGroup, as_root
 
     bucket = json.loads((pod.paths.root / "endpoints.json").read_text())["bucket"]
     extra = REFERENCES[name] if extra is None else extra

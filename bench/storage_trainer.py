@@ -18,8 +18,8 @@ BUCKET = "tpupod-bench"
 
 @contextlib.contextmanager
 def emulator(log: Path):
-    """The pod's GCS emulator (localpod.emulator) on a free loopback port; yields its env."""
-    from localpod.storage import running_emulator
+    """The pod's GCS emulator (localpod.gcp.emulator) on a free loopback port; yields its env."""
+    from localpod.gcp.storage import running_emulator
 
     with running_emulator(BUCKET, log) as url:
         yield {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,

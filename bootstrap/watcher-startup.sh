@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tpupod watcher bootstrap: the `startup-script` metadata of the stack's watcher VM (infra/watcher.py).
+# tpupod watcher bootstrap: the `startup-script` metadata of the stack's watcher VM (infra/watcher_vm.py).
 #
 # Runs at every boot and is safe to re-run. It reuses the worker bootstrap itself, not a copy: the
 # workers' startup script travels in this VM's metadata inside the node spec (`tpupod-node-spec`,
@@ -65,7 +65,7 @@ supervise() {
   local rc extra
   read -r -a extra <<<"${TPUPOD_WATCH_ARGS:-}" # e.g. the local pod's shorter hang timeout
   while true; do
-    "$TPUPOD_ROOT/current/.venv/bin/python" -m ops.oslogin --key "$TPUPOD_ROOT/ssh/id_ed25519" \
+    "$TPUPOD_ROOT/current/.venv/bin/python" -m ops.fleet.oslogin --key "$TPUPOD_ROOT/ssh/id_ed25519" \
       --env-out "$TPUPOD_ROOT/ssh/login.env" || { sleep 5; continue; }
     set -a
     # shellcheck source=/dev/null

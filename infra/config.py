@@ -35,7 +35,7 @@ from trainer.config import PRESETS
 Provisioning = Literal["spot", "preemptible", "on-demand", "reserved"]
 _LIST_KEYS = {"sshSourceRanges", "zones"}
 DATA_PREFIX = "data/"  # where a stack's own bucket keeps prepared data (infra.identity grants it)
-# The watcher VM (infra/watcher.py): small shared-core and general-purpose types are enough for a
+# The watcher VM (infra/watcher_vm.py): small shared-core and general-purpose types are enough for a
 # loop that polls one API and a few SSH sessions; e2-small is the default.
 WATCHER_MACHINE_TYPES = ("e2-micro", "e2-small", "e2-medium", "e2-standard-2", "n2-standard-2",
                          "n2d-standard-2", "t2d-standard-1")  # fmt: skip
@@ -285,7 +285,7 @@ class StackConfig(BaseModel):
 
     @property
     def capacity(self) -> dict[str, Any]:
-        """How recovery asks for the slice: the node spec's `capacity` (ops.target.Target)."""
+        """How recovery asks for the slice: the node spec's `capacity` (ops.cloud.target.Target)."""
         valid = self.queue_valid_hours
         return {
             "via": self.create_via,

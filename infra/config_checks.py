@@ -104,7 +104,10 @@ def check_bucket_name(name: str, key: str = "bucketName") -> None:
         raise ConfigError(key, f"{name!r} is not a valid bucket name; {problem}")
 
 
-CREATE_VIAS = ("queued", "direct")  # how recovery asks for the slice (ops.tpu, ops.queued)
+CREATE_VIAS = (
+    "queued",
+    "direct",
+)  # how recovery asks for the slice (ops.cloud.tpu, ops.cloud.queued)
 
 
 def check_zones(zones: tuple[str, ...], zone: str | None, offered: tuple[str, ...],

@@ -1,4 +1,4 @@
-"""Rules for the watcher VM and its way in to the workers (infra/watcher.py), as predicates over
+"""Rules for the watcher VM and its way in to the workers (infra/watcher_vm.py), as predicates over
 (resource type, wire properties, protect) like every rule in `infra.policies`."""
 
 from __future__ import annotations

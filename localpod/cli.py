@@ -20,8 +20,9 @@ from rich.table import Table
 from infra import job as jobs
 from infra.cleanup import CleanupError
 from infra.config_checks import CREATE_VIAS
-from localpod import cli_tpu, tpu_client
-from localpod.iam_policy import DEFAULT_STACK
+from localpod import cli_tpu
+from localpod.gcp import tpu_client
+from localpod.gcp.iam_policy import DEFAULT_STACK
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState
 
@@ -119,7 +120,7 @@ def _up(args: argparse.Namespace) -> int:
         f"up in {time.monotonic() - started:.1f} s; workers are booting (startup-script)."
     )
     if args.watcher:  # one more local VM running `tpupod watch` (bootstrap/watcher-startup.sh)
-        from localpod import watcher_vm
+        from localpod.vm import watcher_vm
 
         watcher_vm.start(pod.paths.root)
         console.print("watcher VM started: `tpupod status` / `tpupod logs --watcher` follow it")

@@ -1,7 +1,7 @@
 """`tpupod local stockout|answer`: what the pod's Cloud TPU API answers next, on demand.
 
 `stockout` refuses the next creates (capacity, quota, or an outage for any call); `answer` makes
-the API give what Google gives and a healthy pod never does (localpod.tpu_faults): a node state
+the API give what Google gives and a healthy pod never does (localpod.gcp.tpu_faults): a node state
 the client does not know, Google's UNKNOWN, a spot node under maintenance that keeps running, a
 queued request FAILED for each reason or in a state the client does not know.
 """
@@ -12,10 +12,10 @@ import argparse
 
 from rich.console import Console
 
-from localpod.metadata_server import ZONES
+from localpod.gcp.tpu_faults import FAILURES
 from localpod.pod import LocalPod
 from localpod.state import PodError
-from localpod.tpu_faults import FAILURES
+from localpod.vm.metadata_server import ZONES
 
 
 def _say(args: argparse.Namespace, action) -> int:

@@ -22,21 +22,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from localpod import identities, oslogin, procs, secret_manager, storage, tokens, tpu_control
-from localpod.authz import POLICY_FILE, Gate
-from localpod.iam_policy import OPERATOR
-from localpod.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
-from localpod.privilege import login_user
-from localpod.slice import Slice
+from localpod import procs
+from localpod.gcp import identities, oslogin, secret_manager, storage, tokens, tpu_control
+from localpod.gcp.authz import POLICY_FILE, Gate
+from localpod.gcp.iam_policy import OPERATOR
+from localpod.gcp.tpu_api import TpuApiServer
+from localpod.gcp.tpu_nodes import TpuService
+from localpod.gcp.tpu_quota import Quota
 from localpod.state import PodError, PodPaths, read_json, write_json
 from localpod.timed_kills import TimedKills
-from localpod.tpu_api import TpuApiServer
-from localpod.tpu_nodes import TpuService
-from localpod.tpu_quota import Quota
-from localpod.worker_vm import write_ed25519_key
+from localpod.vm.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
+from localpod.vm.privilege import login_user
+from localpod.vm.slice import Slice
+from localpod.vm.worker_vm import write_ed25519_key
 
 UPKEEP_INTERVAL_S = 0.25
-WATCHER_OCTET = 200  # the watcher VM's address in the pod's 127.0.K.0/24 (localpod.watcher_vm)
+WATCHER_OCTET = 200  # the watcher VM's address in the pod's 127.0.K.0/24 (localpod.vm.watcher_vm)
 NODE_ID = "local"  # the node the pod's own `up` creates
 
 
@@ -204,7 +205,7 @@ class Controller:
 
 
 def storage_url(layout: dict, address: str) -> str:
-    """A VM's own storage URL: its address, the emulator's port (localpod.storage_iam)."""
+    """A VM's own storage URL: its address, the emulator's port (localpod.gcp.storage_iam)."""
     return f"http://{address}:{layout['emulator_port']}"
 
 
@@ -221,7 +222,7 @@ def storage_listeners(layout: dict, policy) -> dict[str, str]:
 
 def endpoints(paths: PodPaths, layout: dict, tpu_api: str, bucket: str) -> dict:
     """What a client of the pod's cloud needs (endpoints.json; `tpupod local endpoints`)."""
-    iap = [sys.executable, "-m", "localpod.iap"]
+    iap = [sys.executable, "-m", "localpod.vm.iap"]
     tail = ["--endpoints", str(paths.endpoints)]
     return {
         "tpu_api": tpu_api,

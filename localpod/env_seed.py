@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from localpod import storage
+from localpod.gcp import storage
 
 SEED_VAR = "TPUPOD_LOCAL_ENV_SEED"
 PREFIX = "envs/"

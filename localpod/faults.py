@@ -62,7 +62,7 @@ def _damaged(pod) -> dict:
 def _bucket(pod) -> tuple[str, str, str]:
     """The pod's GCS emulator URL, bucket, and the operator's token (the harness acts as the
     person at the terminal, who owns the project)."""
-    from localpod.identities import operator_token
+    from localpod.gcp.identities import operator_token
 
     endpoints = pod.endpoints()
     return endpoints["storage"].rstrip("/"), endpoints["bucket"], operator_token(endpoints)
@@ -71,7 +71,7 @@ def _bucket(pod) -> tuple[str, str, str]:
 def committed_steps(pod) -> list[int]:
     """The run's committed, verified steps in the pod's bucket, oldest first: those with Orbax's
     commit file and the trainer's manifest (the steps a restore may read)."""
-    from localpod import storage
+    from localpod.gcp import storage
     from trainer.manifest import COMMIT_SUCCESS
     from trainer.manifest import NAME as MANIFEST
 
@@ -97,7 +97,7 @@ def lacks_fallback(pod) -> str | None:
 def damage_step(pod, step: int) -> int | None:
     """Cut the largest file under `step`'s state/ to half its size; returns `step` (None: the
     step has no state files)."""
-    from localpod import storage
+    from localpod.gcp import storage
 
     url, bucket, token = _bucket(pod)
     state = storage.list_objects(url, bucket, f"{pod.run_prefix}/checkpoints/{step}/state/", token)

@@ -29,20 +29,10 @@ from pathlib import Path
 from infra import cleanup, metadata, naming
 from infra.bundle_archive import build_bundle
 from infra.job import Job, builtin, check_run_id, new_run_id
-from localpod import (
-    env_seed,
-    iam_policy,
-    procs,
-    secret_manager,
-    storage,
-    storage_faults,
-    tokens,
-    tpu_client,
-)
-from localpod.authz import POLICY_FILE
-from localpod.environment import accelerator_type, pod_metadata
-from localpod.identities import operator_token
-from localpod.metadata_server import CLOUD_PLATFORM, PROJECT_ID, ZONES
+from localpod import env_seed, procs
+from localpod.gcp import iam_policy, secret_manager, storage, storage_faults, tokens, tpu_client
+from localpod.gcp.authz import POLICY_FILE
+from localpod.gcp.identities import operator_token
 from localpod.pod_tpu import TpuAnswers
 from localpod.state import (
     PROJECT_ROOT,
@@ -54,6 +44,8 @@ from localpod.state import (
     read_json,
     write_json,
 )
+from localpod.vm.environment import accelerator_type, pod_metadata
+from localpod.vm.metadata_server import CLOUD_PLATFORM, PROJECT_ID, ZONES
 
 DEFAULT_TRAINER_ARGS = "--config tiny --steps 200"
 DEFAULT_BUCKET = "tpupod-local"
@@ -112,8 +104,8 @@ class LocalPod(TpuAnswers):
         a spot node (else on-demand: host maintenance reboots it instead of ending it);
         `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`);
         `quota_chips`, `zone_quota_chips`: the TPU API's chip quota per region and per zone,
-        each tier its own (localpod.tpu_quota; None: no limit). `iam_stack`: the stack whose IAM
-        (identities, grants, enabled services) the pod's cloud enforces (localpod.iam_policy)."""
+        each tier its own (localpod.gcp.tpu_quota; None: no limit). `iam_stack`: the stack whose IAM
+        (identities, grants, enabled services) the pod's cloud enforces (localpod.gcp.iam_policy)."""
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
@@ -304,7 +296,7 @@ class LocalPod(TpuAnswers):
         and queued resource labelled with the pod's stack, in each zone, deleted through the TPU
         API as the operator. The watcher VM stops first, as `pulumi destroy` deletes it before
         the slice: it would re-create what this deletes."""
-        from localpod import watcher_vm
+        from localpod.vm import watcher_vm
 
         watcher_vm.stop(self.paths.root)
         stack = self._config().get("stack", self.stack)
@@ -315,7 +307,7 @@ class LocalPod(TpuAnswers):
 
     def down(self) -> bool:
         """Stop everything the pod started, by pid; True when something was running."""
-        from localpod import watcher_vm
+        from localpod.vm import watcher_vm
 
         watcher_vm.stop(self.paths.root)  # `local up --watcher`: the watcher VM goes first
         pod = self._pod()
@@ -393,11 +385,11 @@ class LocalPod(TpuAnswers):
             self.paths.registry_unreachable.touch()
 
     def set_secret(self, name: str, data: bytes) -> None:
-        """A secret the pod's Secret Manager serves (localpod.secret_manager), up or not."""
+        """A secret the pod's Secret Manager serves (localpod.gcp.secret_manager), up or not."""
         secret_manager.write_secret(self.paths.root / "secrets", name, data)
 
     def storage_faults(self, plan: dict | None = None) -> dict:
-        """The bucket's injected faults (localpod.storage_faults): the report, after replacing
+        """The bucket's injected faults (localpod.gcp.storage_faults): the report, after replacing
         the plan when one is given."""
         url = self._live_pod()["emulator_url"] + storage_faults.CONTROL_PATH
         data = json.dumps(plan).encode() if plan is not None else None
@@ -420,7 +412,7 @@ class LocalPod(TpuAnswers):
         return self.wait_for({SliceState.PREEMPTED}, notice + 30) if wait else info
 
     def maintenance(self, seconds: float = 5.0, wait: bool = True) -> PodInfo:
-        """GCE host maintenance (localpod.slice.Slice.maintain): an on-demand node reboots after
+        """GCE host maintenance (localpod.vm.slice.Slice.maintain): an on-demand node reboots after
         `seconds` with its disk, a spot node is preempted. Waits until READY and HEALTHY again."""
         self._request("POST", f"/maintenance?seconds={seconds}")
         if not wait:

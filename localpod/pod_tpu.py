@@ -1,6 +1,6 @@
 """What a LocalPod asks of its Cloud TPU API besides nodes and requests: the next calls refused
 (stockout, quota, outage), its chip quota, and the answers Google gives that a healthy pod never
-does (localpod.tpu_faults), all through the pod controller's control API."""
+does (localpod.gcp.tpu_faults), all through the pod controller's control API."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class TpuAnswers:
     def answer_requests(self, fail: str | None = None, state: str | int | None = None,
                         count: int = 1, zone: str | None = None) -> int:  # fmt: skip
         """The next `count` queued requests filed (in `zone`) end FAILED for `fail`
-        (localpod.tpu_faults.FAILURES), or answer `state` and are never provisioned."""
+        (localpod.gcp.tpu_faults.FAILURES), or answer `state` and are never provisioned."""
         return self._post("/answer", target="request", fail=fail, state=state, count=count,
                           zone=zone)["pending"]  # fmt: skip
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from infra import job as jobs
 from infra import metadata
 from infra.bundle_archive import PROJECT_ROOT, build_bundle
-from localpod import storage, tpu_client
-from localpod.identities import operator_token
+from localpod.gcp import storage, tpu_client
+from localpod.gcp.identities import operator_token
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState, read_json, write_json
 

@@ -19,10 +19,10 @@ from types import ModuleType
 # A module may also expose `USER_ERRORS`, exception types that mean bad input or an impossible
 # request (printed as one line, exit 2), so that a plugin needs nothing from this module.
 COMMAND_MODULES: list[str] = [
-    "ops.commands",
-    "ops.run_control",
-    "ops.job_check",
-    "ops.checkpoints",
+    "ops.commands.slice",
+    "ops.commands.run_control",
+    "ops.commands.job_check",
+    "ops.commands.checkpoints",
 ]
 PLUGIN_GROUP = "tpupod.commands"
 

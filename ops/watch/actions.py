@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable
 
 from infra.metadata import BUNDLE_SHA256
-from ops.forensics import capture_hang
-from ops.provider import ProviderError
-from ops.tpu_errors import QuotaExceeded, Refused, Stockout
+from ops.cloud.slice import ProviderError
+from ops.cloud.tpu_errors import QuotaExceeded, Refused, Stockout
+from ops.fleet.forensics import capture_hang
+from ops.fleet.workers import WorkerError
 from ops.watch import capacity
 from ops.watch.api import GiveUp, WatcherApi
 from ops.watch.incident import Incident
 from ops.watch.table import Action, Event
-from ops.workers import WorkerError
 
 
 def delete(w: WatcherApi, inc: Incident, detail: str) -> None:

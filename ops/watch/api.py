@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ops.journal import Journal
-from ops.probe import Probe
-from ops.provider import SliceInfo
-from ops.tpu import TpuProvider
+from ops.cloud.slice import SliceInfo
+from ops.cloud.tpu import TpuProvider
+from ops.fleet.probe import Probe
+from ops.fleet.workers import WorkerGroup
 from ops.watch.deadlines import WatchConfig
 from ops.watch.incident import Incident, WatchState
+from ops.watch.journal import Journal
 from ops.watch.table import Event
-from ops.workers import WorkerGroup
 
 
 class GiveUp(Exception):

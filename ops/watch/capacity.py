@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ops import queued as requests
+from ops.cloud import queued as requests
 from ops.watch.api import GiveUp, WatcherApi
 from ops.watch.incident import Incident
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ops.job_status import JobRules
-from ops.probe import Probe
-from ops.provider import SliceState
+from ops.cloud.slice import SliceState
+from ops.fleet.job_status import JobRules
+from ops.fleet.probe import Probe
 from ops.watch.deadlines import Limits
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops import queued
-from ops.job_status import STARTING_STATES, JobRules
+from ops.cloud import queued
+from ops.fleet.job_status import STARTING_STATES, JobRules
 from ops.watch.table import Phase
 
 # Seconds, per where the slice runs. GCP: a recreate takes minutes and a TPU program compiles for
@@ -60,7 +60,7 @@ class WatchConfig:
     operation_deadline: float = 1800.0  # a delete or create operation
     backoff_base: float = 2.0
     backoff_cap: float = 60.0
-    # Each kind of refusal has its budget and backoff (ops.tpu_errors): capacity is waited for
+    # Each kind of refusal has its budget and backoff (ops.cloud.tpu_errors): capacity is waited for
     # (None: for as long as it takes), quota backed off and named, permission and invalid
     # requests stop at once (GiveUp), the rest (5xx, unreachable) retried on `backoff_*`.
     # The waits count refusals per zone: the next zone in tpupod:zones is tried at once.

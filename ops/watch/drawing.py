@@ -4,7 +4,7 @@ read from the definitions (ops.watch.conditions, ops.watch.deadlines); a test ke
 
 from __future__ import annotations
 
-from ops import queued
+from ops.cloud import queued
 from ops.watch.conditions import NOTICE_HEALTH, SLICE_ACTIONS, STATE_DEADLINES, SliceAction
 from ops.watch.deadlines import REQUEST_LIMITS, WatchConfig, config_for
 from ops.watch.table import OBSERVES, TABLE

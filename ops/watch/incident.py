@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ops.target import write_atomic
+from ops.cloud.target import write_atomic
 from ops.watch.table import Phase
 
 
@@ -60,7 +60,7 @@ class WatchState:
 
 
 def state_from_dict(raw: dict) -> WatchState | None:
-    """incident.json's content (a file here, an object in the bucket: ops.remote_state)."""
+    """incident.json's content (a file here, an object in the bucket: ops.watch.remote_state)."""
     try:
         raw = dict(raw)
         inc = raw.pop("incident", None)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ops import queued
-from ops.job_status import JobRules
-from ops.probe import Probe
-from ops.provider import SliceState
+from ops.cloud import queued
+from ops.cloud.slice import SliceState
+from ops.fleet.job_status import JobRules
+from ops.fleet.probe import Probe
 from ops.watch.conditions import (
     MAINTENANCE,
     NOTICE_HEALTH,
@@ -57,7 +57,7 @@ CONDITION_DEADLINES: dict[WorkerCondition, str] = {
     WorkerCondition.STARTING: "start",
 }
 GONE_STATES = {SliceState.PREEMPTED, SliceState.TERMINATED, SliceState.MISSING}
-# A FAILED queued resource's error, as ops.tpu_errors.failure_kind reads it -> event.
+# A FAILED queued resource's error, as ops.cloud.tpu_errors.failure_kind reads it -> event.
 REFUSALS = {"stockout": Event.STOCKOUT, "quota": Event.QUOTA, "region-quota": Event.REGION_QUOTA,
             "other": Event.REQUEST_FAILED}  # fmt: skip
 # How long (seconds) the caller has seen a slice state or worker condition without a change.
@@ -196,7 +196,7 @@ def operation_event(
 
 def request_event(state: str, waited: float, limit: float, first: bool = False,
                   failure: str = "stockout", spread: bool = False) -> Event:  # fmt: skip
-    """A queued resource (ops.queued) `waited` seconds in `state`: filled, FAILED (as its error
+    """A queued resource (ops.cloud.queued) `waited` seconds in `state`: filled, FAILED (as its error
     says: `failure`, REFUSALS), dead (filed anew), or on its way until its state's `limit`
     (WatchConfig.request_limit); past it a request still in the zone's queue has another zone's
     filed beside it (`spread`: a zone holds none of ours yet), one stuck elsewhere is filed

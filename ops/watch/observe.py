@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ops import queued
-from ops.provider import SliceState
-from ops.tpu_errors import failure_kind
+from ops.cloud import queued
+from ops.cloud.slice import SliceState
+from ops.cloud.tpu_errors import failure_kind
 from ops.watch import judge
 from ops.watch.api import WatcherApi
 from ops.watch.incident import Incident

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 
-from ops.job_status import RESUMED_STATES, JobRules
-from ops.journal import Journal
-from ops.probe import Probe
+from ops.fleet.job_status import RESUMED_STATES, JobRules
+from ops.fleet.probe import Probe
 from ops.watch.incident import Incident, WatchState
+from ops.watch.journal import Journal
 
 
 class Progress:

@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from ops.journal import Journal
-from ops.probe import Probe
-from ops.provider import ProviderError
-from ops.tpu import TpuProvider
-from ops.tpu_errors import Refused, Stockout
+from ops.cloud.slice import ProviderError
+from ops.cloud.tpu import TpuProvider
+from ops.cloud.tpu_errors import Refused, Stockout
+from ops.fleet.probe import Probe
+from ops.fleet.workers import WorkerGroup
 from ops.watch import judge
 from ops.watch.actions import ACTIONS, GiveUp
 from ops.watch.conditions import (
@@ -38,10 +38,10 @@ from ops.watch.conditions import (
 )
 from ops.watch.deadlines import WatchConfig, backoff
 from ops.watch.incident import Incident, IncidentStore, WatchState
+from ops.watch.journal import Journal
 from ops.watch.observe import OBSERVERS
 from ops.watch.progress import Progress
 from ops.watch.table import OBSERVES, OPENS, Action, Event, Phase, advance
-from ops.workers import WorkerGroup
 
 MAX_PROVIDER_ERRORS = 5
 EXIT_DONE, EXIT_GAVE_UP = 0, 3  # 1 stays Python's own (an uncaught exception): restartable
@@ -69,7 +69,7 @@ class Watcher:
         self.provider, self.journal = provider, journal
         self.config = config or WatchConfig()
         self.rules = self.config.rules
-        self.read_hold = hold or (lambda: None)  # the run's hold (ops.remote_state), if any
+        self.read_hold = hold or (lambda: None)  # the run's hold (ops.watch.remote_state), if any
         self._hold: tuple[float, dict | None] = (0.0, None)
         self._said_held = False
         self.on_poll = on_poll  # the demo injects faults and draws progress from here
@@ -86,7 +86,9 @@ class Watcher:
         self.provider_errors = 0
         self.probes: list[Probe] = []
         self._saved: dict | None = None
-        self.guard: Callable[[], None] | None = None  # each poll: e.g. renew the lease (ops.lease)
+        self.guard: Callable[[], None] | None = (
+            None  # each poll: e.g. renew the lease (ops.watch.lease)
+        )
 
     # The persisted state, under the names the demo and the benchmarks read.
     since = property(lambda s: s.state.since, lambda s, v: setattr(s.state, "since", v))

@@ -14,8 +14,8 @@ import pytest
 from bench import badput, cost, faults, goodput_bench, recovery_bench, report, smoke, timeline
 from bench.__main__ import main
 from bench.steps_lost import goal_text
-from ops.job_status import JobStatus
-from ops.probe import Probe
+from ops.fleet.job_status import JobStatus
+from ops.fleet.probe import Probe
 
 
 def test_cost_ratio_is_price_ratio_over_goodput():

@@ -23,9 +23,10 @@ import pytest
 from infra import metadata
 from infra.bundle_archive import BUNDLE_PATHS, PROJECT_ROOT, Bundle, build_bundle
 from infra.job import builtin
-from localpod import env_seed, procs, storage
-from localpod.environment import image_bin, worker_env
-from localpod.metadata_server import MetadataServer, MetadataStore
+from localpod import env_seed, procs
+from localpod.gcp import storage
+from localpod.vm.environment import image_bin, worker_env
+from localpod.vm.metadata_server import MetadataServer, MetadataStore
 
 BUCKET = "tpupod-local-ckpt"
 STACK = "local"

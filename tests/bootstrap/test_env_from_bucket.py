@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from infra.bundle_archive import PROJECT_ROOT, build_bundle
-from localpod import storage
-from localpod.environment import SYSTEM_PATH, image_bin, registry_unreachable_env, uv_executable
+from localpod.gcp import storage
+from localpod.vm.environment import SYSTEM_PATH, image_bin, registry_unreachable_env, uv_executable
 from tests.bootstrap.test_no_blind_trust import UV_VERSION
 from tests.bootstrap.test_rerun_rules import STANDIN
 

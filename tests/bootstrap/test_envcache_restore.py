@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from infra.bundle_archive import PROJECT_ROOT
-from localpod import storage
-from localpod.metadata_server import MetadataServer, MetadataStore
+from localpod.gcp import storage
 from localpod.procs import free_port
+from localpod.vm.metadata_server import MetadataServer, MetadataStore
 
 BUCKET, STACK, KEY = "tpupod-envs", "s", "0123456789abcdef01234567"
 SCRIPT = PROJECT_ROOT / "bootstrap" / "envcache.py"

@@ -26,11 +26,12 @@ import fabric
 import pytest
 
 from infra import metadata
-from localpod import procs, storage, tokens
-from localpod.identities import operator_token
-from localpod.metadata_server import MetadataServer, MetadataStore
+from localpod import procs
+from localpod.gcp import storage, tokens
+from localpod.gcp.identities import operator_token
 from localpod.pod import LocalPod, WorkerInfo
-from ops.target import local_target
+from localpod.vm.metadata_server import MetadataServer, MetadataStore
+from ops.cloud.target import local_target
 
 pytestmark = pytest.mark.e2e
 
@@ -299,7 +300,7 @@ def test_a_rollout_patches_the_node_and_reaches_every_worker(local_pod) -> None:
     from google.cloud import tpu_v2
     from google.protobuf import field_mask_pb2
 
-    from localpod import tpu_client
+    from localpod.gcp import tpu_client
 
     pod = local_pod
     root, where = str(pod.paths.root), ["--pod-dir", str(pod.paths.root)]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from infra.bundle_archive import PROJECT_ROOT
-from localpod.environment import SYSTEM_PATH, uv_executable
+from localpod.vm.environment import SYSTEM_PATH, uv_executable
 
 UV_VERSION = "0.13.9"
 SHELLS = ("sh", "bash", "dash")

@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from demo.observer import Fault, FaultPlan
+from demo.reference import pod_provider
 from infra import job as jobs
 from infra import metadata
 from localpod import rollout
-from localpod.demo.observer import Fault, FaultPlan
-from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
 from localpod.state import read_json
-from ops.job_status import JobRules
-from ops.journal import Journal
+from ops.fleet.job_status import JobRules
 from ops.watch import Limits, WatchConfig, Watcher
+from ops.watch.journal import Journal
 
 # slow: a pod, a rollout and a recreate (~3 minutes on 2 cores); CI stays under 20 minutes, and
 # the table row it drives (watching --new-bundle--> awaiting-resume) is in tests/ops/test_table.py;

@@ -31,7 +31,7 @@ OTHER_CALLS = {
     "storage: Blob.delete": "storage.objects.delete",
     "storage: Client.get_bucket (Orbax's hierarchical-namespace check)": "storage.buckets.get",
     "bootstrap/jobrun.py: secrets.versions.access": "secretmanager.projects.secrets.versions.access",
-    "ops/oslogin.py: users.importSshPublicKey": "oslogin.users.importSshPublicKey",
+    "ops/fleet/oslogin.py: users.importSshPublicKey": "oslogin.users.importSshPublicKey",
     "OS Login at a watcher's SSH login with sudo": "oslogin.login.admin",
 }
 

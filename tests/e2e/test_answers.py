@@ -1,5 +1,5 @@
 """Google's answers that recovery once mishandled (issue 48), each made by the local TPU API on
-demand (`tpupod local answer`, localpod.tpu_faults) and each met by `watch` through the one
+demand (`tpupod local answer`, localpod.gcp.tpu_faults) and each met by `watch` through the one
 recovery table, with Google's client in between: a node state the installed client cannot name
 (a new name reads as STATE_UNSPECIFIED, a new number as a bare int), Google's UNKNOWN, a queued
 request in a state the client cannot name, and a queued request FAILED for each reason. The
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from localpod.demo.reference import pod_provider
+from demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.provider import SliceState
-from ops.tpu_fields import CLIENT
+from ops.cloud.slice import SliceState
+from ops.cloud.tpu_fields import CLIENT
 from ops.watch import GiveUp, Limits
 from ops.watch.table import Phase
 from tests.e2e.test_capacity import watcher_for
@@ -55,7 +55,7 @@ def recovered(pod: LocalPod, tmp_path: Path):
 @pytest.mark.parametrize("state", ["NEWSTATE", "99"])
 def test_a_node_state_the_client_cannot_name_is_one_line_then_a_recreate(pod, tmp_path, state):
     """Before: a new name waited the transient 30 minutes as UNKNOWN; a number raised
-    ValueError in ops.tpu and the watcher exited 1 (restarted every 5 s, never recovering)."""
+    ValueError in ops.cloud.tpu and the watcher exited 1 (restarted every 5 s, never recovering)."""
     pod.answer_node(state=state)
     watcher = recovered(pod, tmp_path)
     detected = events(watcher, "detected")
@@ -80,7 +80,7 @@ def test_googles_unknown_is_recreated_after_its_own_deadline(pod, tmp_path) -> N
 def test_a_queued_request_in_a_state_the_client_cannot_name_is_filed_again(pod, tmp_path, state):
     """The request recovery files answers a state the client cannot name and is never filled:
     one line, its own deadline, then it is filed again (before: a number raised ValueError in
-    ops.queued; a name waited an operation's deadline as STATE_UNSPECIFIED)."""
+    ops.cloud.queued; a name waited an operation's deadline as STATE_UNSPECIFIED)."""
     pod.answer_requests(state=state)
     pod.preempt(notice=0)
     watcher = recovered(pod, tmp_path)

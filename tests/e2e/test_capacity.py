@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from localpod.demo.reference import pod_provider
+from demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.journal import Journal
-from ops.provider import SliceState
+from ops.cloud.slice import SliceState
 from ops.watch import Watcher
 from ops.watch.incident import IncidentStore
+from ops.watch.journal import Journal
 from ops.watch.table import Phase
 from tests.e2e.test_provider import CONFIG, direct, drive, phase_is
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 from google.cloud import tpu_v2
 
-from localpod import watcher_vm
-from localpod.iam_report import summarize
+from localpod.gcp.iam_report import summarize
+from localpod.vm import watcher_vm
 from ops import watch
 from ops.cli import main
-from ops.journal import read
+from ops.watch.journal import read
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from localpod.demo.reference import pod_provider
+from demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.journal import Journal
-from ops.remote_state import RemoteState
 from ops.watch import Limits, WatchConfig, Watcher
+from ops.watch.journal import Journal
+from ops.watch.remote_state import RemoteState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 REPO = Path(__file__).resolve().parents[2]

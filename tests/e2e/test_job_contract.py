@@ -27,17 +27,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from demo.reference import pod_provider
 from infra import job as jobs
 from infra.bundle_archive import build_bundle
-from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
 from ops.cli import main
-from ops.job_status import JobRules
-from ops.journal import Journal
-from ops.remote_state import RemoteState
-from ops.target import local_target
-from ops.tpu import TpuProvider
+from ops.cloud.target import local_target
+from ops.cloud.tpu import TpuProvider
+from ops.fleet.job_status import JobRules
 from ops.watch import EXIT_GAVE_UP, Limits, WatchConfig, Watcher
+from ops.watch.journal import Journal
+from ops.watch.remote_state import RemoteState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 CONTRACT = Path(__file__).parent / "jobs" / "contract"

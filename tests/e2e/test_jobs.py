@@ -1,7 +1,7 @@
 """Users' programs under tpupod: each example job (examples/jobs) runs on a 2-worker local pod
 through a crash and a preemption, recovered by the real `watch`, and its final committed
 checkpoint equals, array by array and bitwise, the same job's run without faults
-(ops.checkpoint_compare, generic: no knowledge of any job's tree).
+(ops.commands.checkpoint_compare, generic: no knowledge of any job's tree).
 
 - flax-plain (no helper) meets a preemption with notice and exits 0 once its save is committed
   (as MaxText and Orbax's guide do): a preemption, not done.
@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from demo.observer import Fault, FaultPlan
+from demo.reference import compare_runs, pod_provider, run_reference
 from infra import job as jobs
-from localpod.demo.observer import Fault, FaultPlan
-from localpod.demo.reference import compare_runs, pod_provider, run_reference
 from localpod.pod import LocalPod
-from ops.checkpoint_compare import Comparison
-from ops.job_status import JobRules
-from ops.journal import Journal
+from ops.commands.checkpoint_compare import Comparison
+from ops.fleet.job_status import JobRules
 from ops.watch import Limits, WatchConfig, Watcher
+from ops.watch.journal import Journal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"

@@ -16,12 +16,13 @@ from urllib.parse import quote
 
 import pytest
 
+from demo.reference import pod_provider
 from infra import metadata
-from localpod import procs, storage, tokens
-from localpod.demo.reference import pod_provider
-from localpod.identities import operator_token
+from localpod import procs
+from localpod.gcp import storage, tokens
+from localpod.gcp.identities import operator_token
 from localpod.pod import LocalPod
-from ops.provider import SliceState
+from ops.cloud.slice import SliceState
 
 pytestmark = pytest.mark.e2e
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from localpod.demo.reference import pod_provider
+from demo.reference import pod_provider
 from localpod.pod import LocalPod
 from localpod.state import SliceState as PodState
-from ops.journal import Journal
 from ops.watch import Watcher
 from ops.watch.incident import IncidentStore
+from ops.watch.journal import Journal
 from tests.e2e.test_provider import CONFIG
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

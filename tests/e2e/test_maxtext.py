@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from demo.observer import Fault, FaultPlan
+from demo.reference import pod_provider
 from infra import job as jobs
-from localpod.demo.observer import Fault, FaultPlan
-from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.job_status import JobRules
-from ops.journal import Journal
+from ops.fleet.job_status import JobRules
 from ops.watch import Limits, WatchConfig, Watcher
+from ops.watch.journal import Journal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3000)]
 JOB = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "maxtext"

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from google.api_core.exceptions import NotFound
 
-from localpod.demo.reference import pod_provider
+from demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.journal import Journal
-from ops.provider import SliceState
+from ops.cloud.slice import SliceState
+from ops.fleet.workers import WorkerError, WorkerGroup, as_root
 from ops.watch import Limits, WatchConfig, Watcher
 from ops.watch.incident import IncidentStore
+from ops.watch.journal import Journal
 from ops.watch.table import Phase
-from ops.workers import WorkerError, WorkerGroup, as_root
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 CONFIG = WatchConfig(limits=Limits(bootstrap=60), poll=0.2, ready_deadline=60,
@@ -185,7 +185,7 @@ def test_a_quota_refusal_is_named_backed_off_and_sends_the_slice_to_the_next_zon
     a crash of the watch nor a stockout: one line names the quota and how to get more, the
     quota budget (not the capacity one) is spent, and the next zone of tpupod:zones is tried."""
     from infra.catalog import quota_metric
-    from localpod.tpu_quota import LOCAL_QUOTA
+    from localpod.gcp.tpu_quota import LOCAL_QUOTA
 
     provider = pod_provider(pod.paths.root)
     assert provider.queued and provider.zones == ["local-a", "local-b"]

@@ -1,4 +1,4 @@
-"""Recovery under TPU quota, against the local TPU API's own quota (localpod.tpu_quota): a region's
+"""Recovery under TPU quota, against the local TPU API's own quota (localpod.gcp.tpu_quota): a region's
 quota is waited out where the slice is (no zone of the region can help) and named; the requests
 recovery filed that can no longer be filled are deleted before it files again (they may hold
 quota). A zone's quota sends the slice to the next zone: tests/e2e/test_provider.py."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from google.cloud import tpu_v2
 
-from localpod.demo.reference import pod_provider
+from demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.provider import SliceState
+from ops.cloud.slice import SliceState
 from ops.watch.table import Phase
 from tests.e2e.test_capacity import other, watcher_for
 from tests.e2e.test_provider import CONFIG, drive, phase_is

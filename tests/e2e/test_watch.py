@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from demo.reference import pod_provider
 from infra import job as jobs
-from localpod.demo.reference import pod_provider
 from localpod.pod import LocalPod
-from ops.job_status import JobRules
-from ops.journal import Journal
+from ops.fleet.job_status import JobRules
 from ops.watch import EXIT_GAVE_UP, Limits, WatchConfig, Watcher
+from ops.watch.journal import Journal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

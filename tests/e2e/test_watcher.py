@@ -17,14 +17,15 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from localpod import identities, watcher_vm
-from localpod.authz import POLICY_FILE
-from localpod.iam_policy import Policy
-from localpod.iam_report import summarize
+from localpod.gcp import identities
+from localpod.gcp.authz import POLICY_FILE
+from localpod.gcp.iam_policy import Policy
+from localpod.gcp.iam_report import summarize
 from localpod.pod import LocalPod
-from ops import oslogin
-from ops.remote_state import RemoteState
-from ops.target import local_target
+from localpod.vm import watcher_vm
+from ops.cloud.target import local_target
+from ops.fleet import oslogin
+from ops.watch.remote_state import RemoteState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 STEPS = 30

@@ -18,7 +18,7 @@ import pulumi
 import pytest
 
 from infra import metadata, offline
-from infra.watcher import NODE_SPEC_KEY
+from infra.watcher_vm import NODE_SPEC_KEY
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 UPDATE_ENV = "TPUPOD_UPDATE_GOLDEN"

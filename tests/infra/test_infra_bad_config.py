@@ -112,7 +112,7 @@ def test_real_metadata_is_far_below_the_limit(evaluations):
 def test_recovery_zones_stay_in_the_stack_region_and_reach_the_node_spec():
     """tpupod:zones: a zone of another region is refused in one line (the subnet and NAT are
     regional); zones of the one region reach the exported node spec's `capacity`, queued by
-    default, as ops.target reads it."""
+    default, as ops.cloud.target reads it."""
     from infra.config import parse
 
     base = {"gcp:project": "p", "acceleratorType": "v6e-8"}

@@ -13,7 +13,7 @@ import pytest
 from contract import iam
 from infra import offline, policies
 from infra.security import OS_LOGIN_METADATA
-from infra.watcher import NODE_SPEC_KEY, TPU_PERMISSIONS
+from infra.watcher_vm import NODE_SPEC_KEY, TPU_PERMISSIONS
 
 STACKS = offline.stack_names()
 INSTANCE = "gcp:compute/instance:Instance"
@@ -177,7 +177,7 @@ def test_a_custom_role_naming_a_permission_iam_does_not_know_is_refused(monkeypa
     """As IAM refuses it at `pulumi up` (HTTP 400): at evaluation, one line naming role and
     permission, nothing of the watcher's role declared. The old role's first queued-resource
     permission is the case; today's permissions are the negative control."""
-    from infra import watcher
+    from infra import watcher_vm as watcher
 
     monkeypatch.setattr(watcher, "TPU_PERMISSIONS", (*TPU_PERMISSIONS, "tpu.queuedResources.get"))
     spoiled = offline.evaluate("v4-8", check=False)

@@ -11,7 +11,7 @@ import pytest
 from google.cloud import tpu_v2
 from google.oauth2.credentials import Credentials
 
-from localpod import identities
+from localpod.gcp import identities
 from localpod.pod import LocalPod
 
 STARTUP_SCRIPT = r"""#!/bin/bash

@@ -10,10 +10,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bench import faults as schedules
-from localpod import faults, storage
+from localpod import faults
 from localpod.faults import committed_steps, lacks_fallback
-from ops.job_status import JobStatus
-from ops.probe import Probe
+from localpod.gcp import storage
+from ops.fleet.job_status import JobStatus
+from ops.fleet.probe import Probe
 
 BUCKET = "damage-test"
 PREFIX = "runs/local/r1/checkpoints"
@@ -104,7 +105,7 @@ def test_the_damage_rides_through_the_buckets_injected_errors():
     import json
     import urllib.request
 
-    from localpod.storage_faults import CONTROL_PATH
+    from localpod.gcp.storage_faults import CONTROL_PATH
 
     with storage.running_emulator(BUCKET) as url:
         _put(url, {**_step(10), **_step(20, size=1000)})

@@ -20,12 +20,12 @@ from google.protobuf import duration_pb2
 
 from infra import cleanup
 from infra.tpu_slice import before_delete
-from localpod import identities
-from localpod.metadata_server import ZONES
+from localpod.gcp import identities
 from localpod.pod import LocalPod
+from localpod.vm.metadata_server import ZONES
 from ops.cli import main
-from ops.target import local_target
-from ops.tpu import TpuProvider
+from ops.cloud.target import local_target
+from ops.cloud.tpu import TpuProvider
 
 pytestmark = pytest.mark.e2e
 QR = tpu_v2.QueuedResource

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from demo.observer import Fault, FaultPlan
 from localpod import faults
-from localpod.demo.observer import Fault, FaultPlan
 from localpod.faults import STOCKOUT_CREATES
 
 

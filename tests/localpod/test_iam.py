@@ -20,9 +20,9 @@ from google.api_core import exceptions
 from google.cloud import storage, tpu_v2
 from google.oauth2.credentials import Credentials
 
-from localpod import authz, identities, tokens
-from localpod.authz import POLICY_FILE
-from localpod.iam_policy import Policy
+from localpod.gcp import authz, identities, tokens
+from localpod.gcp.authz import POLICY_FILE
+from localpod.gcp.iam_policy import Policy
 
 pytestmark = pytest.mark.e2e
 

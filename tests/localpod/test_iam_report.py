@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from localpod.authz import AUDIT_FILE, POLICY_FILE
-from localpod.iam_policy import Binding, Policy
-from localpod.iam_report import summarize
+from localpod.gcp.authz import AUDIT_FILE, POLICY_FILE
+from localpod.gcp.iam_policy import Binding, Policy
+from localpod.gcp.iam_report import summarize
 
 WORKER = "serviceAccount:w@p.iam.gserviceaccount.com"
 WATCHER = "serviceAccount:x@p.iam.gserviceaccount.com"

@@ -15,12 +15,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from localpod import procs, tokens
-from localpod.metadata_server import MetadataServer, MetadataStore
+from localpod import procs
+from localpod.gcp import tokens
+from localpod.vm.metadata_server import MetadataServer, MetadataStore
 
 ADDRESSES = ["127.0.0.1", "127.0.0.2"]
 ACCOUNT = "trainer@proj-a.iam.gserviceaccount.com"
-KEY = b"k" * 32  # a pod's token key (localpod.tokens)
+KEY = b"k" * 32  # a pod's token key (localpod.gcp.tokens)
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from localpod.environment import registry_unreachable_env
 from localpod.pod import LocalPod
+from localpod.vm.environment import registry_unreachable_env
 from ops.cli import main
 
 

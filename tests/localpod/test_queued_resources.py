@@ -1,4 +1,4 @@
-"""The local pod's queuedResources (localpod.tpu_queued), through Google's client and gcloud: a
+"""The local pod's queuedResources (localpod.gcp.tpu_queued), through Google's client and gcloud: a
 request waits for capacity while stockouts last, provisions its node from the full node spec
 (metadata included) and goes ACTIVE; a preemption leaves it SUSPENDED; it is deleted with its
 node only with force; gcloud files, lists and describes one with no metadata at all."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from localpod import storage, storage_faults
-from localpod.demo.reference import read_object
+from demo.reference import read_object
+from localpod.gcp import storage, storage_faults
 
 
 def _faults(url: str, plan: dict | None = None) -> dict:

@@ -3,7 +3,7 @@
 For each stack, `node_spec` is evaluated under Pulumi's mocks (in the pod's project) and sent AS
 EXPORTED through google-cloud-tpu (REST, the operator's token) to a local pod with one worker per
 host of the stack's accelerator type, whose cloud enforces that same stack's IAM (its service
-accounts, grants and enabled APIs, as `pulumi up` would leave them: localpod.iam_policy) and whose
+accounts, grants and enabled APIs, as `pulumi up` would leave them: localpod.gcp.iam_policy) and whose
 bucket is the stack's. The bucket is given the code bundle the spec names with
 google-cloud-storage (infra.bundle_archive's bytes, whose sha256 must be the spec's
 `tpupod-bundle-sha256`). The workers then run the spec's own `startup-script`, the real
@@ -18,7 +18,7 @@ Two metadata values of the request are overridden, because the workers are CPU p
   timing. (The bundle stays the stack's: its `job/` holds the stack's own job file.)
 - `tpupod-uv-group` `tpu` becomes empty: that group adds only libtpu, the TPU runtime (213 MB,
   useless on a CPU worker); the pod's own nodes leave it out the same way
-  (localpod.environment.pod_metadata). The spec's bucket gets the session's environments, as
+  (localpod.vm.environment.pod_metadata). The spec's bucket gets the session's environments, as
   the pod's own bucket does (localpod.env_seed), so workers install from it.
 The node is deleted as soon as every worker's bootstrap is ok.
 
@@ -45,11 +45,11 @@ from infra.bundle_archive import Bundle, build_bundle
 from infra.config import parse, raw_from_config_map
 from infra.job import builtin
 from localpod import env_seed
-from localpod.identities import operator_token
-from localpod.metadata_server import PROJECT_ID
+from localpod.gcp.identities import operator_token
+from localpod.gcp.tpu_client import client
 from localpod.pod import LocalPod
 from localpod.state import PodError
-from localpod.tpu_client import client
+from localpod.vm.metadata_server import PROJECT_ID
 
 pytestmark = pytest.mark.e2e
 

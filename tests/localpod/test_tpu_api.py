@@ -21,7 +21,8 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import tpu_v2
 
-from localpod import identities, procs
+from localpod import procs
+from localpod.gcp import identities
 from localpod.pod import LocalPod
 
 pytestmark = pytest.mark.e2e
@@ -193,11 +194,11 @@ def test_endpoints_cli_prints_contract_1_with_live_ports(pod, endpoints) -> None
         "tpupod-local", "local-a", "local",
     )  # fmt: skip
     assert Path(printed["spec_file"]) == pod.paths.node_spec and pod.paths.node_spec.is_file()
-    assert "-m localpod.iap {instance} 22 --listen-on-stdin" in printed["ssh"]["iap_command"]
+    assert "-m localpod.vm.iap {instance} 22 --listen-on-stdin" in printed["ssh"]["iap_command"]
 
 
 def test_localpod_imports_nothing_from_ops() -> None:
-    """The local cloud shares no code with the product it serves (localpod/demo/, which drives
+    """The local cloud shares no code with the product it serves (demo/, which drives
     the pod as a user would, is the one part that uses ops)."""
     pattern = re.compile(r"^\s*(from ops[ .]|import ops\b)", re.MULTILINE)
     offenders = [p.name for p in (ROOT / "localpod").glob("*.py") if pattern.search(p.read_text())]
@@ -208,10 +209,10 @@ def test_a_watcher_refused_by_the_api_gives_up_in_one_line(pod: LocalPod, tmp_pa
     """A project the caller has no rights on: the pod's API answers 403 as Google does, and the
     watcher gives up at once (exit 3, not restarted by its unit) with the line naming the fix,
     instead of retrying forever. The same watcher on the right project just watches."""
-    from ops.journal import Journal
-    from ops.target import local_target
-    from ops.tpu import TpuProvider
+    from ops.cloud.target import local_target
+    from ops.cloud.tpu import TpuProvider
     from ops.watch import EXIT_GAVE_UP, WatchConfig, Watcher
+    from ops.watch.journal import Journal
 
     target = dataclasses.replace(local_target(pod.paths.root), project="someone-elses")
     journal = Journal(tmp_path / "journal.jsonl")

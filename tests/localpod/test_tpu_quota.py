@@ -1,4 +1,4 @@
-"""The local TPU API's chip quota (localpod.tpu_quota), through Google's client: per region and
+"""The local TPU API's chip quota (localpod.gcp.tpu_quota), through Google's client: per region and
 per zone, spot and on-demand apart, nodes and queued requests in any state but deleted holding
 it, and a create over it refused with HTTP 429 as Google refuses it (the quota named in the
 message, a QuotaFailure per limit). The module's pod (conftest) has node `local` in local-a:

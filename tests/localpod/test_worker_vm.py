@@ -24,7 +24,7 @@ import fabric
 import paramiko
 import pytest
 
-from localpod import tokens
+from localpod.gcp import tokens
 from localpod.pod import LocalPod
 from localpod.state import PROJECT_ROOT
 
@@ -246,7 +246,7 @@ def test_openssh_through_the_iap_stand_in_checks_host_keys(vm_pod, ends, tmp_pat
 
 def test_iap_stand_in_refuses_what_gcloud_would(vm_pod, ends) -> None:
     name = instance_names(vm_pod)[0]
-    base = [sys.executable, "-m", "localpod.iap"]
+    base = [sys.executable, "-m", "localpod.vm.iap"]
     common = ["--listen-on-stdin", "--endpoints", str(vm_pod.paths.root / "endpoints.json")]
     cases = {
         "port": [name, "2222", "--zone", ends["zone"], "--project", ends["project"]],

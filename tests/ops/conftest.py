@@ -102,7 +102,7 @@ def pod(tmp_path):
 
 def dummy_token() -> str:
     """A token file for a Target whose API is a dead or silent port: what a client sends there
-    does not matter, only that it is given one (ops.credentials reads it)."""
+    does not matter, only that it is given one (ops.cloud.credentials reads it)."""
     import tempfile
 
     path = Path(tempfile.gettempdir()) / f"tpupod-test-token-{os.getuid()}"

@@ -1,4 +1,4 @@
-"""The bitwise comparison (ops.checkpoint_compare) can fail: examples/jobs/flax-plain's program,
+"""The bitwise comparison (ops.commands.checkpoint_compare) can fail: examples/jobs/flax-plain's program,
 run directly (one process, local checkpoint directories), interrupted halfway and resumed the
 right way equals the run never interrupted; resumed at the latest step instead of the one after
 it (wrong-resume, as the loop in Orbax's guide does) it does NOT, and the comparison names the
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ops.checkpoint_compare import compare
+from ops.commands.checkpoint_compare import compare
 
 PROGRAM = Path(__file__).resolve().parents[2] / "examples" / "jobs" / "flax-plain" / "train.py"
 STEPS, HALF = 12, 6

@@ -14,7 +14,7 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from localpod.storage import running_emulator
+from localpod.gcp.storage import running_emulator
 from tests.ops.conftest import dummy_token
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,12 +11,12 @@ import time
 import pytest
 
 from ops.cli import build_parser, main
-from ops.job_status import JobStatus, parse_status
-from ops.journal import Journal, read
-from ops.probe import Probe
-from ops.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
-from ops.tpu import TpuProvider
+from ops.cloud.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
+from ops.cloud.tpu import TpuProvider
+from ops.fleet.job_status import JobStatus, parse_status
+from ops.fleet.probe import Probe
 from ops.watch import WatchConfig, Watcher
+from ops.watch.journal import Journal, read
 from tests.ops.conftest import dummy_token
 
 
@@ -169,7 +169,7 @@ def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_anoth
     """The queue keeps its place (issue 48): a request filed beside a waiting one in another
     zone may be the one filled; `tpupod status` says why the slice moved, and says nothing
     when the waiting one won."""
-    from ops.remote_watch import restarts_of
+    from ops.watch.remote_watch import restarts_of
 
     def journal(winner: str) -> list[dict]:
         return [{"event": "detected", "message": "preemption: slice PREEMPTED", "time": 0},

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.forensics import keep
+from ops.fleet.forensics import keep
 
 TEXTS = {"worker-0.txt": "stacks of 0\n", "worker-1.txt": "stacks of 1\n"}
 
 
 class Bucket:
-    """The two calls ops.forensics makes of ops.remote_state.RemoteState, failing on demand."""
+    """The two calls ops.fleet.forensics makes of ops.watch.remote_state.RemoteState, failing on demand."""
 
     def __init__(self, numbers: set[int], list_error=None, put_error=None):
         self.numbers, self.list_error, self.put_error = numbers, list_error, put_error

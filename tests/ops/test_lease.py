@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from localpod.storage import running_emulator
-from ops.lease import Lease, LeaseLost, Observer, run_leased
-from ops.remote_state import RemoteState
-from ops.target import SshSettings, Target
+from localpod.gcp.storage import running_emulator
+from ops.cloud.target import SshSettings, Target
 from ops.watch.incident import Incident, WatchState
+from ops.watch.lease import Lease, LeaseLost, Observer, run_leased
+from ops.watch.remote_state import RemoteState
 from ops.watch.table import Phase
 from tests.ops.conftest import dummy_token
 
@@ -114,7 +114,7 @@ def state_view(lease: Lease):
 def test_observe_only_prints_the_journal_and_returns_when_the_run_is_done(storage_url):
     from rich.console import Console
 
-    from ops.remote_watch import observe
+    from ops.watch.remote_watch import observe
 
     state = make_state(storage_url, "observe")
     state.append({"time": time.time(), "event": "watching", "message": "stack observe"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from google.cloud import tpu_v2
 
-from ops.tpu import symptoms
+from ops.cloud.tpu import symptoms
 
 
 def test_symptoms_are_named_with_their_worker_and_details():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from google.cloud import tpu_v2
 
-from ops.queued import request_for
+from ops.cloud.queued import request_for
 
 PARENT = "projects/p/locations/us-east5-a"
 

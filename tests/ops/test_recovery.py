@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ops.job_status import JobRules, JobStatus
-from ops.probe import Probe
-from ops.provider import SliceState
+from ops.cloud.slice import SliceState
+from ops.fleet.job_status import JobRules, JobStatus
+from ops.fleet.probe import Probe
 from ops.watch.conditions import SLICE_ACTIONS, SliceAction, WorkerCondition, judge_worker
 from ops.watch.deadlines import PROFILES, Limits, backoff, config_for
 from ops.watch.judge import CONDITION_DEADLINES, ON_DEADLINE, decide
@@ -371,7 +371,7 @@ def test_a_newly_filed_request_is_timed_afresh_not_from_the_last_ones_wait():
     import time
     from types import SimpleNamespace
 
-    from ops import queued
+    from ops.cloud import queued
     from ops.watch import capacity, observe
     from ops.watch.deadlines import WatchConfig
     from ops.watch.incident import Incident

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ops.journal import Journal
-from ops.provider import SliceState
-from ops.target import SshSettings, Target
-from ops.tpu import TpuProvider
+from ops.cloud.slice import SliceState
+from ops.cloud.target import SshSettings, Target
+from ops.cloud.tpu import TpuProvider
 from ops.watch import drawing, table, watcher
 from ops.watch.incident import Incident, IncidentStore, WatchState
+from ops.watch.journal import Journal
 from ops.watch.judge import bootstrap_event, clock_event, operation_event, slice_event
 from ops.watch.table import JUDGED, OBSERVES, TABLE, Action, Event, Phase, advance
 from tests.ops.conftest import dummy_token

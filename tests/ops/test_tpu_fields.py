@@ -1,5 +1,5 @@
 """What the installed google-cloud-tpu makes of an enum value it lacks, parsed as its REST
-transport parses an answer (unknown fields ignored), and that ops.tpu_fields reads each without
+transport parses an answer (unknown fields ignored), and that ops.cloud.tpu_fields reads each without
 raising: a newer name arrives as *_UNSPECIFIED, a newer number as a bare int whose enum class
 raises ValueError (the watcher exited 1 on it, issue 48)."""
 
@@ -9,8 +9,8 @@ import pytest
 from google.cloud import tpu_v2
 from google.protobuf import json_format
 
-from ops.queued import UNRECOGNIZED, status_of
-from ops.tpu_fields import CLIENT, enum_name, unnamed
+from ops.cloud.queued import UNRECOGNIZED, status_of
+from ops.cloud.tpu_fields import CLIENT, enum_name, unnamed
 
 
 def _as_rest_reads(message_type, body: str):
@@ -25,7 +25,7 @@ def test_the_client_reads_a_new_name_as_unspecified_and_a_new_number_as_an_int()
     numbered = _as_rest_reads(tpu_v2.Node, '{"state": 99}')
     with pytest.warns(UserWarning):
         assert numbered.state == 99 and type(numbered.state) is int
-    with pytest.raises(ValueError):  # what ops.tpu did with it: the negative control
+    with pytest.raises(ValueError):  # what ops.cloud.tpu did with it: the negative control
         tpu_v2.Node.State(99)
 
 

@@ -10,10 +10,10 @@ import pytest
 import requests
 from google.api_core import exceptions as gexc
 
-from ops.provider import ProviderError
-from ops.target import SshSettings, Target
-from ops.tpu import TpuProvider
-from ops.tpu_errors import QuotaExceeded, Refused, Stockout, refused
+from ops.cloud.slice import ProviderError
+from ops.cloud.target import SshSettings, Target
+from ops.cloud.tpu import TpuProvider
+from ops.cloud.tpu_errors import QuotaExceeded, Refused, Stockout, refused
 from tests.ops.conftest import dummy_token
 
 
@@ -94,8 +94,8 @@ def test_a_429_outside_a_create_is_a_rate_limit_retried():
     watcher as an exception; only a create's 429 is judged for quota or capacity."""
     from google.api_core import exceptions as gexc
 
-    from ops.provider import ProviderError
-    from ops.tpu_errors import judged
+    from ops.cloud.slice import ProviderError
+    from ops.cloud.tpu_errors import judged
 
     err = gexc.TooManyRequests("Quota exceeded for quota metric 'Read requests'")
     assert type(judged(err, "queuedResources.get", "n", None)) is ProviderError
@@ -143,6 +143,6 @@ def test_a_zones_quota_is_told_from_a_regions_by_the_names_google_gives():
     ],
 )  # fmt: skip
 def test_a_failed_requests_error_says_what_recovery_does(code, message, kind):
-    from ops.tpu_errors import failure_kind
+    from ops.cloud.tpu_errors import failure_kind
 
     assert failure_kind(code, message) == kind

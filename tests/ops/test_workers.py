@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from ops.job_status import JobRules
-from ops.provider import Worker
+from ops.cloud.slice import Worker
+from ops.fleet.job_status import JobRules
+from ops.fleet.workers import WorkerError, WorkerGroup
 from ops.watch import Limits
 from ops.watch.conditions import WorkerCondition, judge_worker
-from ops.workers import WorkerError, WorkerGroup
 from trainer.status import StatusFile, TrainerState
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import gcsfs
 import pytest
 
-from localpod.storage import emulator_command
+from localpod.gcp.storage import emulator_command
 
 # --import-mode=importlib puts no test directory on sys.path; the helpers live beside us.
 sys.path.insert(0, str(Path(__file__).parent))

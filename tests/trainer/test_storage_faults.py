@@ -1,4 +1,4 @@
-"""Storage as real GCS behaves under load (localpod.storage_faults): 429s, 503s and dropped
+"""Storage as real GCS behaves under load (localpod.gcp.storage_faults): 429s, 503s and dropped
 connections on 5 % of requests for a whole run (data, checkpoints, compile cache, all on gs://)
 end bitwise equal to the uninterrupted run; a save that cannot commit leaves the previous
 committed step readable; a bucket that stays unreachable fails the trainer in one line, well
@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from trainer_testlib import free_port, gcs_env, run_ok, summary
 
-from localpod import storage_faults
+from localpod.gcp import storage_faults
 from trainer import storage
 
 STEPS = 200  # tiny steps take ~30 ms: the run must outlast the first save under faults

@@ -1,0 +1,1 @@
+"""Google Cloud on one machine, as strict as Google: the APIs, IAM, storage."""

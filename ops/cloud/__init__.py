@@ -1,0 +1,1 @@
+"""Google's APIs as recovery uses them: the provider seam and the TPU API's provider."""

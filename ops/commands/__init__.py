@@ -1,0 +1,1 @@
+"""The `tpupod` CLI, one module per command group."""

@@ -1,0 +1,1 @@
+"""The workers: SSH fan-out, probes, OS Login, job status, forensics."""
