@@ -28,7 +28,7 @@ from localpod.gcp.authz import POLICY_FILE
 from localpod.gcp.iam_policy import Policy
 from localpod.vm.metadata_server import MetadataServer, MetadataStore
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bootstrap" / "watcher-startup.sh"
 UNIT = ROOT / "bootstrap" / "tpupod-watcher.service"
 HOLDER = "tpupod-local-watcher"

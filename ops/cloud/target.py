@@ -21,7 +21,7 @@ from infra import metadata
 from infra.job import JobSpec, spec_from_json
 from ops.cloud.slice import ProviderError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCAL = "local"
 POD_DIR_ENV = "TPUPOD_POD_DIR"
 STATE_DIR_ENV = "TPUPOD_STATE_DIR"
