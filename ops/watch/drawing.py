@@ -40,7 +40,8 @@ def deadlines() -> list[str]:
     lines = [
         "",
         "The deadlines (seconds; `ops/watch/deadlines.py`) of the node states a judged phase "
-        "waits on (past it the slice counts as lost and is recreated; `unknown-state` is "
+        "waits on, and of a recreated node awaited READY (past it the slice counts as lost and "
+        "is recreated; `unknown-state` is "
         "journaled once when a state has a deadline of its own), and of a queued resource's "
         "states (past it the request is filed again):",
         "",

@@ -35,6 +35,8 @@ class Incident:
     zone_tries: dict[str, int] = field(default_factory=dict)  # refusals per zone: its backoff
     request_state: str | None = None  # the queued resource's state as last seen, and since when
     request_since: float = 0.0
+    node_state: str | None = None  # the node's state as last seen while awaited READY, and since
+    node_since: float = 0.0
     # Zones holding a queued resource of this incident still asking (oldest first; the newest is
     # the provider's zone): each keeps its place in its zone's queue until one is filled.
     queued_zones: list[str] = field(default_factory=list)

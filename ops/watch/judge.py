@@ -216,11 +216,18 @@ def request_event(state: str, waited: float, limit: float, first: bool = False,
     return Event.RUNNING
 
 
-def slice_event(state: SliceState, waited: float, deadline: float) -> Event:
+def slice_event(state: SliceState, waited: float, deadline: float, in_state: float = 0.0,
+                limits: Limits | None = None) -> Event:  # fmt: skip
+    """A node awaited READY: `waited` in the phase against its `deadline`, and a state with a
+    deadline of its own (STATE_DEADLINES: Google's UNKNOWN, a state the client cannot name)
+    `in_state` seconds against that one, as a READY slice's would be (decide_waiting)."""
     if state is SliceState.READY:
         return Event.DONE
     if state in GONE_STATES:
         return Event.GONE
+    own = STATE_DEADLINES.get(state)
+    if own and limits is not None and in_state > getattr(limits, own):
+        return Event.DEADLINE
     return Event.DEADLINE if waited > deadline else Event.RUNNING
 
 

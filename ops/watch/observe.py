@@ -12,6 +12,7 @@ from ops.cloud.slice import SliceState
 from ops.cloud.tpu_errors import failure_kind
 from ops.watch import judge
 from ops.watch.api import WatcherApi
+from ops.watch.conditions import STATE_DEADLINES
 from ops.watch.incident import Incident
 from ops.watch.table import Event, Observes, Phase
 
@@ -82,9 +83,21 @@ def newest(w: WatcherApi, inc: Incident, status: queued.QueuedStatus, spread: bo
 
 
 def node(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:
+    """The node awaited READY; the time in its current state is kept on the incident (a state
+    with a deadline of its own ends at that one, not the phase's 30 minutes)."""
     info = w.describe()
-    return None if info is None else (
-        judge.slice_event(info.state, waited, deadline), f"node {info.state}")  # fmt: skip
+    if info is None:
+        return None
+    now = time.time()
+    if info.state != inc.node_state:
+        inc.node_state, inc.node_since = str(info.state), now
+    in_state, limits = now - inc.node_since, w.config.limits
+    event = judge.slice_event(info.state, waited, deadline, in_state, limits)
+    own = STATE_DEADLINES.get(info.state)
+    if event is Event.DEADLINE and own and waited <= deadline:
+        limit = getattr(limits, own)
+        return event, f"node {info.state} for {in_state:.0f}s (deadline {own}, {limit:.0f}s)"
+    return event, f"node {info.state}"
 
 
 def clock_and_node(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> Seen:

@@ -14,6 +14,7 @@ from ops.cloud.slice import SliceState
 from ops.cloud.target import SshSettings, Target
 from ops.cloud.tpu import TpuProvider
 from ops.watch import drawing, table, watcher
+from ops.watch.deadlines import Limits
 from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.journal import Journal
 from ops.watch.judge import bootstrap_event, clock_event, operation_event, slice_event
@@ -207,3 +208,34 @@ def test_the_negative_control_finds_a_phase_written_elsewhere(tmp_path):
 def test_the_drawing_in_docs_is_generated_from_the_table():
     drawn = (ROOT / "docs/recovery-table.md").read_text()
     assert drawn == drawing.markdown(), "run: uv run python -m ops.watch > docs/recovery-table.md"
+
+
+@pytest.mark.parametrize("state", [SliceState.UNKNOWN, SliceState.UNRECOGNIZED])
+def test_a_node_awaited_ready_in_a_state_with_its_own_deadline_ends_at_that_one(state):
+    """Before: a recreated node in Google's UNKNOWN (or a state the client cannot name) was
+    waited on for the phase's ready deadline (30 minutes on GCP), not its own."""
+    limits = Limits(failed_repair=5.0, unknown_state=7.0)
+    own = {SliceState.UNKNOWN: 5.0, SliceState.UNRECOGNIZED: 7.0}[state]
+    assert slice_event(state, own + 1, 1800, own - 1, limits) is Event.RUNNING
+    assert slice_event(state, own + 1, 1800, own + 1, limits) is Event.DEADLINE
+    # a transition without a deadline of its own keeps the phase's
+    assert slice_event(SliceState.CREATING, 60, 1800, 60, limits) is Event.RUNNING
+
+
+def test_the_node_observer_times_the_state_it_sees_not_the_phase():
+    """The awaited node is timed per state on the incident (persisted: a restarted watch goes
+    on): CREATING for a while, then UNKNOWN ends at failed_repair counted from UNKNOWN."""
+    from types import SimpleNamespace
+
+    from ops.watch import observe
+    from ops.watch.deadlines import WatchConfig
+
+    seen = SimpleNamespace(state=SliceState.CREATING)
+    w = SimpleNamespace(describe=lambda: seen, config=WatchConfig(limits=Limits(failed_repair=0.2)))
+    inc = Incident("preemption", "slice PREEMPTED", 1.0, 0)
+    assert observe.node(w, inc, 100.0, 1800.0)[0] is Event.RUNNING
+    seen.state = SliceState.UNKNOWN
+    assert observe.node(w, inc, 100.3, 1800.0)[0] is Event.RUNNING  # just entered UNKNOWN
+    time.sleep(0.3)
+    event, why = observe.node(w, inc, 100.6, 1800.0)
+    assert event is Event.DEADLINE and "failed_repair" in why, why
