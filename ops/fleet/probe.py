@@ -7,8 +7,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from ops.commands.outcome import Outcome
 from ops.fleet.job_status import JobStatus, parse_status
+from ops.fleet.outcome import Outcome
 
 # mtime <path>: the file's modification time, empty when it is missing.
 _SECTIONS = """mt() { date -r "$1" +%s.%N 2>/dev/null || true; }

@@ -22,7 +22,7 @@ from fabric.exceptions import GroupException
 from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
 
 from ops.cloud.slice import Worker
-from ops.commands.outcome import Outcome
+from ops.fleet.outcome import Outcome
 from ops.fleet.probe import Probe, last_line, parse_probe, probe_script
 
 ROOT = '"${TPUPOD_ROOT:-/var/lib/tpupod}"'
