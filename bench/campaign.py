@@ -31,7 +31,7 @@ from bench.podrun import RunRecord, run_on_pod
 from bench.recovery_bench import HANG_S, checkpoint_interval, incidents
 from localpod import faults
 from localpod.faults import KINDS
-from ops.cloud.target import write_atomic
+from ops.json_file import write_atomic
 
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,

@@ -21,8 +21,8 @@ from rich.console import Console
 
 from bench.faults import Schedule, Stop, WatchKilled
 from bench.sampler import Sampler
-from ops.cloud.target import write_atomic
 from ops.fleet.job_status import JobRules
+from ops.json_file import write_atomic
 from ops.watch import Limits, WatchConfig, Watcher
 from ops.watch.incident import IncidentStore
 from ops.watch.journal import Journal

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.report_md import git
-from ops.cloud.target import write_atomic
+from ops.json_file import write_atomic
 
 
 @dataclass

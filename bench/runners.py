@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench import report
 from bench.report import Figure
-from ops.cloud.target import write_atomic
+from ops.json_file import write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"

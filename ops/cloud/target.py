@@ -13,13 +13,13 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra import metadata
 from infra.job import JobSpec, spec_from_json
 from ops.cloud.slice import ProviderError
+from ops.json_file import write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = "local"
@@ -242,20 +242,6 @@ def cached_outputs(stack: str, cache: Path) -> dict:
     keep = {k: outputs.get(k) for k in ("tpu_name", "zone", "project")} | {"node_spec": spec}
     write_atomic(path, keep)
     return keep
-
-
-def write_atomic(path: Path, data: dict | list, indent: int | None = None) -> None:
-    """JSON to `path` through a temp file and rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, sort_keys=True, default=str, indent=indent)
-            out.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _default_key() -> str | None:

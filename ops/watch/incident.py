@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ops.cloud.target import write_atomic
+from ops.json_file import write_atomic
 from ops.watch.table import Phase
 
 

@@ -11,10 +11,11 @@ import time
 import pytest
 
 from ops.cli import build_parser, main
-from ops.cloud.target import PULUMI_MISSING, SshSettings, Target, load_target, write_atomic
+from ops.cloud.target import PULUMI_MISSING, SshSettings, Target, load_target
 from ops.cloud.tpu import TpuProvider
 from ops.fleet.job_status import JobStatus, parse_status
 from ops.fleet.probe import Probe
+from ops.json_file import write_atomic
 from ops.watch import WatchConfig, Watcher
 from ops.watch.journal import Journal, read
 from tests.ops.conftest import dummy_token
