@@ -15,6 +15,7 @@ from rich.progress import Progress
 
 from localpod import faults
 from ops.cloud.slice import ProviderError, SliceState
+from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.cloud.tpu import TpuProvider
 from ops.fleet.probe import Probe
 from ops.fleet.workers import WorkerGroup
@@ -22,7 +23,7 @@ from ops.watch import Watcher
 from ops.watch.conditions import NOTICE_HEALTH
 from ops.watch.journal import echo
 from ops.watch.lease import Lease
-from ops.watch.remote_state import STORAGE_ERRORS, RemoteState
+from ops.watch.remote_state import RemoteState
 
 HANG_S = 10.0  # heartbeat age that is a hang (the local default is 30 s)
 OBSERVE_S = 1.0  # the observer's poll: journal objects; trainer status while a fault is due

@@ -21,11 +21,12 @@ from rich.console import Console
 
 from ops.cli import CliError
 from ops.cloud.slice import ProviderError, SliceState
+from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.cloud.tpu import TpuProvider
 from ops.commands.slice import provider_for, ready_workers, stack_options
 from ops.fleet.workers import WorkerError, WorkerGroup
 from ops.watch.deadlines import GCP
-from ops.watch.remote_state import STORAGE_ERRORS, RemoteState
+from ops.watch.remote_state import RemoteState
 
 
 def next_attempt(group: WorkerGroup) -> int:

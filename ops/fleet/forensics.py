@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.fleet.workers import WorkerGroup, as_root
 
 LOG_LINES = 80
@@ -97,10 +98,6 @@ def keep(texts: dict[str, str], root: Path | None, bucket=None) -> tuple[int, li
     in_bucket: set[int] = set()
     failed: list[str] = []
     if bucket is not None:
-        from ops.watch.remote_state import (
-            STORAGE_ERRORS,  # google-cloud-storage: only with a bucket
-        )
-
         try:
             in_bucket = bucket.forensics_numbers()
         except STORAGE_ERRORS as err:
@@ -123,13 +120,13 @@ def keep(texts: dict[str, str], root: Path | None, bucket=None) -> tuple[int, li
     return number, stored, failed
 
 
-def capture_hang(watcher, inc) -> None:
-    """The watcher's hook: once per hang incident, before the restart; never blocks recovery."""
+def capture_hang(watcher, inc, bucket=None) -> None:
+    """The watcher's hook: once per hang incident, before the restart; never blocks recovery.
+    `bucket`: where the watch keeps its state (ops.watch.remote_state.RemoteState), if it does."""
     if inc.kind != "hang" or "forensics" in inc.phases:
         return
     started = time.time()
     inc.phases["forensics"] = started
-    bucket = watcher.store if hasattr(watcher.store, "put_forensics") else None
     try:
         workers = watcher.describe()
         group = watcher.workers(workers.workers if workers else None)

@@ -18,6 +18,7 @@ from ops.fleet.workers import WorkerError
 from ops.watch import capacity
 from ops.watch.api import GiveUp, WatcherApi
 from ops.watch.incident import Incident
+from ops.watch.remote_state import RemoteState
 from ops.watch.table import Action, Event
 
 
@@ -145,7 +146,8 @@ def open_rebuild(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 
 def open_restart(w: WatcherApi, inc: Incident, detail: str) -> None:
-    capture_hang(w, inc)  # a hang's stacks, before the restart destroys them
+    bucket = w.store if isinstance(w.store, RemoteState) else None
+    capture_hang(w, inc, bucket)  # a hang's stacks, before the restart destroys them
     w.charge(detail)
     inc.not_before = time.time() + w.restart_wait()
     w.drive(inc)

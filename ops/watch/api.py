@@ -11,7 +11,7 @@ from ops.cloud.tpu import TpuProvider
 from ops.fleet.probe import Probe
 from ops.fleet.workers import WorkerGroup
 from ops.watch.deadlines import WatchConfig
-from ops.watch.incident import Incident, WatchState
+from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.journal import Journal
 from ops.watch.table import Event
 
@@ -27,6 +27,7 @@ class WatcherApi(Protocol):
     journal: Journal
     config: WatchConfig
     state: WatchState
+    store: IncidentStore  # or the bucket's RemoteState, which keeps hang forensics too
     probes: list[Probe]
     provider_errors: int
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
+from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.watch import journal as journal_lines
-from ops.watch.remote_state import CALL_TIMEOUT, STORAGE_ERRORS, RemoteState, gexc
+from ops.watch.remote_state import CALL_TIMEOUT, RemoteState, gexc
 
 HOLDER_ENV = "TPUPOD_WATCH_HOLDER"
 

@@ -15,11 +15,12 @@ from rich.console import Console
 
 from infra.metadata import RUN_DIR
 from ops.cloud.slice import ProviderError
+from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.cloud.tpu import TpuProvider
 from ops.watch import EXIT_DONE, EXIT_GAVE_UP, WatchConfig, Watcher
 from ops.watch.journal import Journal, echo
 from ops.watch.lease import Lease, LeaseView, Observer, default_holder, run_leased
-from ops.watch.remote_state import CALL_TIMEOUT, STORAGE_ERRORS, RemoteState, open_bucket
+from ops.watch.remote_state import CALL_TIMEOUT, RemoteState, open_bucket
 
 LEASE_TTL = {"local": 15.0, "gcp": 120.0}  # seconds; the holder renews every ttl/4
 
