@@ -6,7 +6,8 @@ bundle -> TPU slice) and names the outputs that ops and humans use.
 
 import pulumi
 
-from infra import metadata, naming
+from contract import metadata
+from infra import naming
 from infra.bucket import CheckpointBucket, CheckpointBucketArgs
 from infra.code_bundle import CodeBundle, CodeBundleArgs
 from infra.config import load

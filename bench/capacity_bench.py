@@ -22,7 +22,8 @@ import yaml
 from bench.podrun import RunRecord, run_on_pod
 from bench.recovery_bench import incidents
 from bench.report import Figure, median, spread
-from infra.job import JOB_FILE, Job, builtin, parse
+from contract.job import JOB_FILE, Job, parse
+from infra.builtin_job import builtin
 
 MAX_LOSS_MINUTES = 0.05  # 3 s: short against the run, long against a tiny step
 SAVE_IN_FLIGHT_S = 2.0  # a time-bound save may start just after the bound, and takes this long

@@ -66,7 +66,7 @@ def timed_run(pod, variant: str, run: str, timeout: float = 1800.0) -> float:
 
 def overhead(job_dir: Path, rounds: int, out: Path, console) -> dict:
     """`rounds` rounds of both variants on one pod, after the job's own first run (warm-up)."""
-    from infra.job import load
+    from contract.job import load
 
     runs: dict[str, list[float]] = {"tpupod": [], "direct": []}
 
@@ -101,7 +101,7 @@ def longer(job, steps: int):
 
 def recovery(job_dir: Path, rounds: int, notice: float, out: Path, console) -> dict:
     """crash, kill and notice, `rounds` of each, on one pod under the real watch."""
-    from infra.job import load
+    from contract.job import load
 
     job = longer(load(job_dir), 1_000_000)
     kinds = [k for _ in range(rounds) for k in KINDS]

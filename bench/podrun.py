@@ -94,7 +94,7 @@ def run_on_pod(
     pod_options: dict | None = None,
     storage_faults: dict | None = None,
 ) -> RunRecord:
-    """Runs the job (the built-in trainer's with `trainer_args`, or `job`, an infra.job.Job)
+    """Runs the job (the built-in trainer's with `trainer_args`, or `job`, an contract.job.Job)
     under watch with a `bench.faults.Schedule(**schedule_kwargs)`; with `reference`, then the
     uninterrupted "reference" and `references` (built-in trainer only); `after(pod)` (its result
     in `checks`) runs on the pod before it goes; `warm`: no fault before the job's environment

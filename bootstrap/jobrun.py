@@ -7,10 +7,10 @@ leader of the job's process group, with the bundle's Python in isolated mode (st
    only: never a file, an argument or a log line.
 3. It runs `run` with bash in the job directory. Bash's own TERM trap waits for the command that
    runs and then exits with its status: a shell layer never exits 143 while the program saves.
-4. The job writes its output to this attempt's log file (`logs/job-attempt-<N>.log`), never
+4. The job writes its output to this attempt's log file (contract.layout.local_attempt_log), never
    through a pipe: a launcher that dies leaves the job running. The launcher follows that file:
    into `job.log` (every attempt), to the run's bucket after FIRST_UPLOAD_S and every LOG_UPLOAD_S
-   (`<run dir>/tpupod/attempt-<N>/worker-<I>.log`: a preempted VM's disk is gone), and with
+   (contract.layout.attempt_log: a preempted VM's disk is gone), and with
    `progress: {regex}` the last step it reads goes to the status file.
 5. In tpupod's worker environment (`python: none`), once the job reports its first progress,
    it starts trainer/bytecode_publish.py: the bytecode of what the job imported goes to the
@@ -37,6 +37,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+# Run isolated (`python -I -S`, no site-packages) from the code bundle: its root holds contract/,
+# stdlib-only, where the run directory's layout is spelled once.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from contract import layout  # noqa: E402
 
 ROOT = os.environ.get("TPUPOD_ROOT", "/var/lib/tpupod")
 LOG_UPLOAD_S = 10.0
@@ -285,16 +290,16 @@ def run(reference: str | None = None) -> int:
     else:  # its own run: its own directory, status file and log
         parent = contract["TPUPOD_RUN_DIR"].rsplit("/", 1)[0]
         contract.update(TPUPOD_RUN_ID=reference, TPUPOD_RUN_DIR=f"{parent}/{reference}",
-                        TPUPOD_CHECKPOINT_DIR=f"{parent}/{reference}/checkpoints",
+                        TPUPOD_CHECKPOINT_DIR=layout.checkpoint_dir(f"{parent}/{reference}"),
                         TPUPOD_STATUS_FILE=path("reference-status.json"))  # fmt: skip
     name = "reference" if reference else "job"
     worker = contract.get("TPUPOD_PROCESS_ID", "0")
-    log_uri = f"{contract['TPUPOD_RUN_DIR']}/tpupod/attempt-{attempt}/worker-{worker}.log"
+    log_uri = layout.attempt_log(contract["TPUPOD_RUN_DIR"], attempt, worker)
     os.makedirs(path("logs"), exist_ok=True)
     status = contract.get("TPUPOD_STATUS_FILE")
     if status and os.path.exists(status):
         os.unlink(status)  # an older attempt's progress is not this one's
-    attempt_log = path(f"logs/{name}-attempt-{attempt}.log")
+    attempt_log = path(layout.local_attempt_log(name, attempt))
     with open(attempt_log, "wb"):
         pass
     regex = spec["progress"]["regex"] if isinstance(spec.get("progress"), dict) else None

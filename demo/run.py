@@ -24,9 +24,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from contract import job as jobs
 from demo.observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
 from demo.reference import compare_runs, emulator_env, pod_provider, run_reference
-from infra import job as jobs
+from infra import builtin_job
 from localpod.gcp.iam_report import IamReport, summarize
 from localpod.pod import LocalPod
 from localpod.state import PodError
@@ -66,7 +67,7 @@ def demo_job(args: argparse.Namespace) -> jobs.Job:
     if args.job is None:
         if args.steps < DEMO_MIN_STEPS:
             raise CliError(f"--steps must be at least {DEMO_MIN_STEPS} (room for three faults)")
-        return jobs.builtin(f"--config {args.preset} --steps {args.steps} "
+        return builtin_job.builtin(f"--config {args.preset} --steps {args.steps} "
                             "--set checkpoint_every=10")  # fmt: skip
     job = jobs.load(args.job)
     if not job.spec.steps or job.spec.progress == "none":

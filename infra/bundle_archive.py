@@ -14,13 +14,15 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.job import Job, builtin
+from contract.job import Job
+from infra.builtin_job import builtin
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# The watcher VM runs `python -m ops` from the same bundle, which imports infra. The test bed
+# The watcher VM runs `python -m ops` from the same bundle, which imports infra; every side
+# imports contract (the worker's launcher too). The test bed
 # (localpod, bench) stays on the operator's machine: nothing the workers or the watcher run needs it.
 BUNDLE_PATHS = (
-    "trainer", "bootstrap", "ops", "infra",
+    "contract", "trainer", "bootstrap", "ops", "infra",
     "pyproject.toml", "uv.lock", ".python-version", "README.md",
 )  # fmt: skip
 JOB_DIR = "job"  # where the job's directory lands in the bundle

@@ -13,9 +13,9 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
+from contract.job import Job
 from infra.bundle_archive import PROJECT_ROOT, Bundle, build_bundle
 from infra.component import child_options
-from infra.job import Job
 
 # Where the archive waits for the engine to upload it (the Pulumi engine reads a FileAsset later).
 CACHE_DIR = PROJECT_ROOT / ".tpupod" / "bundles"

@@ -15,8 +15,9 @@ from typing import Any, Literal
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from infra import catalog, exposure
-from infra import job as jobs
+from contract import job as jobs
+from contract.metadata import DEFAULT_COORDINATOR_PORT
+from infra import builtin_job, catalog, exposure
 from infra.config_checks import (
     NAMESPACE,
     ConfigError,
@@ -28,9 +29,7 @@ from infra.config_checks import (
     check_subnet,
     check_zones,
 )
-from infra.metadata import DEFAULT_COORDINATOR_PORT
 from infra.security import SOFT_DELETE_DAYS_DEFAULT, SOFT_DELETE_DAYS_RANGE
-from trainer.config import PRESETS
 
 Provisioning = Literal["spot", "preemptible", "on-demand", "reserved"]
 _LIST_KEYS = {"sshSourceRanges", "zones"}
@@ -111,7 +110,7 @@ class StackConfig(BaseModel):
     def job_definition(self) -> jobs.Job:
         """The job the workers run (the built-in trainer's unless tpupod:job names one)."""
         if self.job is None:
-            return jobs.builtin(self.trainer_command_args)
+            return builtin_job.builtin(self.trainer_command_args)
         try:
             return jobs.load(PROJECT_ROOT / self.job)
         except jobs.JobError as err:
@@ -192,9 +191,10 @@ class StackConfig(BaseModel):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, value: str) -> str:
-        if value not in PRESETS:
+        presets = builtin_job.preset_steps()
+        if value not in presets:
             raise ConfigError(
-                "preset", f"unknown preset {value!r}; use one of {', '.join(PRESETS)}"
+                "preset", f"unknown preset {value!r}; use one of {', '.join(presets)}"
             )
         return value
 

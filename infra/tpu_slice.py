@@ -22,9 +22,9 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from contract.metadata import METADATA_LIMIT_BYTES
 from infra import cleanup
 from infra.component import child_options
-from infra.metadata import METADATA_LIMIT_BYTES
 from infra.node_spec import NodeDeclaration, declare, node_spec, resource_path
 
 # Large slices can take a long time to be granted and booted.

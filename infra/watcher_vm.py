@@ -27,10 +27,10 @@ import pulumi
 import pulumi_gcp as gcp
 
 from contract import iam
+from contract.metadata import METADATA_LIMIT_BYTES
 from infra.component import child_options
 from infra.grants import bucket_prefix_role, project_roles, ssh_ingress
 from infra.identity import READ_ONLY, READ_WRITE
-from infra.metadata import METADATA_LIMIT_BYTES
 from infra.security import OS_LOGIN_METADATA
 
 WATCHER_SCRIPT_PATH = Path(__file__).resolve().parent.parent / "bootstrap" / "watcher-startup.sh"

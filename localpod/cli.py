@@ -17,7 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from infra import job as jobs
+from contract import job as jobs
+from infra import builtin_job
 from infra.cleanup import CleanupError
 from infra.config_checks import CREATE_VIAS
 from localpod import cli_tpu
@@ -67,7 +68,7 @@ def job_of(args: argparse.Namespace) -> jobs.Job:
         raise PodError(f"--preset {preset!r}: unknown; use one of {', '.join(PRESETS)}")
     if steps < 1:
         raise PodError("--steps must be at least 1")
-    return jobs.builtin(f"--config {preset} --steps {steps}")
+    return builtin_job.builtin(f"--config {preset} --steps {steps}")
 
 
 def _rollout(args: argparse.Namespace) -> int:

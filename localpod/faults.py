@@ -71,9 +71,9 @@ def _bucket(pod) -> tuple[str, str, str]:
 def committed_steps(pod) -> list[int]:
     """The run's committed, verified steps in the pod's bucket, oldest first: those with Orbax's
     commit file and the trainer's manifest (the steps a restore may read)."""
+    from contract.checkpoint_manifest import COMMIT_SUCCESS
+    from contract.checkpoint_manifest import NAME as MANIFEST
     from localpod.gcp import storage
-    from trainer.manifest import COMMIT_SUCCESS
-    from trainer.manifest import NAME as MANIFEST
 
     url, bucket, token = _bucket(pod)
     prefix = f"{pod.run_prefix}/checkpoints/"

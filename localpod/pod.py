@@ -26,9 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import cleanup, metadata, naming
+from contract import metadata
+from contract.job import Job, check_run_id, new_run_id
+from infra import cleanup, naming
+from infra.builtin_job import builtin
 from infra.bundle_archive import build_bundle
-from infra.job import Job, builtin, check_run_id, new_run_id
 from localpod import env_seed, procs
 from localpod.gcp import iam_policy, secret_manager, storage, storage_faults, tokens, tpu_client
 from localpod.gcp.authz import POLICY_FILE
@@ -97,7 +99,7 @@ class LocalPod(TpuAnswers):
         iam_stack: str = iam_policy.DEFAULT_STACK,
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
-        infra.metadata.startup_script(); read once by `up` into the node spec. `job`: what the
+        contract.metadata.startup_script(); read once by `up` into the node spec. `job`: what the
         workers run (default: the built-in trainer's job with `trainer_args`); `run_id`: the
         run's id (default: a new run). `create_via` and `zones`: how recovery asks for the
         slice (the spec's `capacity`, as a stack's tpupod:createVia and tpupod:zones); `spot`:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra import job as jobs
-from infra import metadata
+from contract import job as jobs
+from contract import metadata
+from infra import builtin_job
 from infra.bundle_archive import PROJECT_ROOT, build_bundle
 from localpod.gcp import storage, tpu_client
 from localpod.gcp.identities import operator_token
@@ -24,10 +25,10 @@ def running_job(pod: LocalPod) -> jobs.Job:
     if spec is None:
         raise PodError(f"no node spec {pod.paths.node_spec}: run `tpupod local up`")
     raw = spec["node"].get("metadata", {}).get(metadata.JOB)
-    args = jobs.builtin_args((json.loads(raw) if raw else {}).get("run", ""))
+    args = builtin_job.builtin_args((json.loads(raw) if raw else {}).get("run", ""))
     if args is None:
         raise PodError("this pod runs a job from a directory: pass it again with --job DIR")
-    return jobs.builtin(args)
+    return builtin_job.builtin(args)
 
 
 def publish(pod: LocalPod, job: jobs.Job | None = None, root: Path = PROJECT_ROOT) -> dict:

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.node_state import SliceState
+from contract.node_state import SliceState
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 POD_DIR_ENV = "TPUPOD_POD_DIR"

@@ -148,3 +148,41 @@ def test_a_circle_is_seen_even_through_a_function_level_import(tmp_path):
     (tmp_path / "ops" / "b.py").write_text("def f():\n    import ops.c\n")
     (tmp_path / "ops" / "c.py").write_text("from ops.a import x\n")
     assert circles(module_graph(tmp_path, ("ops",))) == [["ops.a", "ops.b", "ops.c"]]
+
+
+# Who may not import whom (importer's room -> rooms it must not reach): the built-in job is a
+# job (infra and ops never import trainer); the local cloud is Google's side of the wire
+# (localpod never imports ops); inside ops the rooms only look down: cloud < fleet < watch <
+# commands (docs/architecture.md).
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "infra": ("trainer", "ops"),
+    "ops": ("trainer",),
+    "localpod": ("ops", "demo"),
+    "ops/cloud": ("ops.fleet", "ops.watch", "ops.commands"),
+    "ops/fleet": ("ops.watch", "ops.commands"),
+    "ops/watch": ("ops.commands",),
+}
+
+
+def reaching(repo: Path, room: str, targets: tuple[str, ...]) -> list[str]:
+    return [f"{path.relative_to(repo)}:{line}: {module}"
+            for path in sorted((repo / room).rglob("*.py"))
+            for line, module in imports(path)
+            if any(module == t or module.startswith(t + ".") for t in targets)]  # fmt: skip
+
+
+def test_each_room_imports_only_downwards():
+    bad = [v for room, targets in FORBIDDEN.items() for v in reaching(REPO, room, targets)]
+    assert bad == []
+
+
+def test_the_direction_rule_sees_a_wrong_arrow(tmp_path):
+    """A negative control: infra importing the trainer (in a function), fleet importing watch."""
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "m.py").write_text("def f():\n    from trainer.config import PRESETS\n")
+    (tmp_path / "ops" / "fleet").mkdir(parents=True)
+    (tmp_path / "ops" / "fleet" / "m.py").write_text("import ops.watch.remote_state\n")
+    assert reaching(tmp_path, "infra", FORBIDDEN["infra"]) == ["infra/m.py:2: trainer.config"]
+    assert reaching(tmp_path, "ops/fleet", FORBIDDEN["ops/fleet"]) == [
+        "ops/fleet/m.py:1: ops.watch.remote_state"
+    ]

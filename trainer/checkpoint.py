@@ -26,6 +26,7 @@ from orbax.checkpoint import checkpoint_managers as cm
 from orbax.checkpoint._src.handlers.pytree_checkpoint_handler import PyTreeCheckpointHandler
 from orbax.checkpoint._src.path import atomicity_defaults
 
+from contract.layout import checkpoint_dir
 from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave
@@ -65,7 +66,7 @@ def state_handler(use_ocdbt: bool, compression: bool) -> ocp.StandardCheckpointH
 
 class Checkpoints:
     def __init__(self, workdir: str, cfg: Config, process_count: int, data: dict | None = None):
-        self.directory = storage.join(workdir, "checkpoints")
+        self.directory = checkpoint_dir(workdir)
         self.meta = {"process_count": process_count, "shapes": shape_signature(cfg)}
         self.keep_every = cfg.keep_every
         # What the run trains on (trainer.data.checkpoint_meta: data URI, tokenizer, config):

@@ -143,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             allocator=allocator.name(),
         )
     # Cheap checks first, before the heavy imports: bad input fails in well under a second.
+    from contract.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
+    from contract.status import JobState
     from trainer.config import BadInput, bound_loss, explicit_keys, load_config
-    from trainer.status import EXIT_BAD_INPUT, EXIT_FAILED, StatusFile, TrainerState
+    from trainer.status import StatusFile
 
     hb = None
     try:
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         StatusFile(args.status_file, args.process_id or 0).update(
-            state=TrainerState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e)
+            state=JobState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e)
         )
         return EXIT_BAD_INPUT
     from trainer import storage
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         hb = Heartbeat(
             args.status_file, args.process_id or 0, cfg.heartbeat_seconds, cfg.stall_seconds
         )
-        hb.update(state=TrainerState.INITIALIZING)
+        hb.update(state=JobState.INITIALIZING)
         if not args.workdir:
             raise BadInput("--workdir (or $TPUPOD_WORKDIR, $TPUPOD_RUN_DIR) is required")
         workdir = storage.normalize(args.workdir)
@@ -199,17 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if hb is not None:
-            hb.update(state=TrainerState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e))
+            hb.update(state=JobState.FAILED, exit_code=EXIT_BAD_INPUT, message=str(e))
         return EXIT_BAD_INPUT
     except storage.Unreachable as e:  # a failure (the watcher retries it), in one line
         print(f"error: {e}", file=sys.stderr, flush=True)
         if hb is not None:
-            hb.update(state=TrainerState.FAILED, exit_code=EXIT_FAILED, message=str(e))
+            hb.update(state=JobState.FAILED, exit_code=EXIT_FAILED, message=str(e))
         return EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - report every failure in the status file
         traceback.print_exc()
         if hb is not None:
-            hb.update(state=TrainerState.FAILED, exit_code=EXIT_FAILED, message=repr(e)[:500])
+            hb.update(state=JobState.FAILED, exit_code=EXIT_FAILED, message=repr(e)[:500])
         return EXIT_FAILED
     finally:
         if hb is not None:

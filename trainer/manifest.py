@@ -22,28 +22,16 @@ from __future__ import annotations
 
 import base64
 import json
-import re
-import time
 
 import google_crc32c
 
+from contract.checkpoint_manifest import (
+    COMMIT_FILES,
+    FORMAT,
+    NAME,
+    differences,
+)
 from trainer import storage
-
-NAME = "tpupod-manifest.json"
-# A committed step that failed its checks is renamed, never deleted: `<step>.unreadable-<UTC>`.
-ASIDE_SUFFIX = ".unreadable-"
-ASIDE = re.compile(r"^(\d+)" + re.escape(ASIDE_SUFFIX) + r"(.+)$")
-
-
-def aside_name(step_dir: str) -> str:
-    """Where a step directory (a path or URI) goes when it is set aside, stamped now (UTC)."""
-    return f"{step_dir}{ASIDE_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-
-
-FORMAT = "tpupod-manifest-v1"
-# Orbax writes these at its commit, after the manifest (manifests from before listed them too).
-COMMIT_SUCCESS = "commit_success.txt"  # on GCS, a step without it is not committed
-COMMIT_FILES = frozenset({COMMIT_SUCCESS, "_CHECKPOINT_METADATA"})
 
 
 def _crc32c(data: bytes) -> str:
@@ -76,28 +64,6 @@ def write(step_dir: str, step: int) -> None:
     """The step's manifest, from what it holds now (call once its items have finished)."""
     doc = {"format": FORMAT, "step": step, "files": listing(step_dir)}
     storage.write_bytes(storage.join(step_dir, NAME), json.dumps(doc, sort_keys=True).encode())
-
-
-def differences(manifest: dict, files: dict[str, list]) -> str | None:
-    """None when `files` (relative path -> [size, CRC32C]) are exactly the manifest's (Orbax's
-    commit files aside), else the first difference, as `file: what`."""
-    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        return f"{NAME}: not a {FORMAT} manifest"
-    listed = {rel: v for rel, v in manifest["files"].items() if rel not in COMMIT_FILES}
-    files = {rel: v for rel, v in files.items() if rel not in COMMIT_FILES}
-    if not listed:
-        return f"{NAME}: lists no files"
-    for rel in sorted(set(listed) | set(files)):
-        if rel not in files:
-            return f"{rel}: missing (the manifest lists it)"
-        if rel not in listed:
-            return f"{rel}: not in the manifest (added after the commit)"
-        (size, crc), (want_size, want_crc) = files[rel], listed[rel]
-        if size != want_size:
-            return f"{rel}: {size} bytes, the manifest says {want_size}"
-        if crc != want_crc:
-            return f"{rel}: CRC32C {crc}, the manifest says {want_crc} (its bytes changed)"
-    return None
 
 
 def read(step_dir: str) -> dict | None:

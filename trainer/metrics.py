@@ -10,8 +10,9 @@ import contextlib
 import threading
 import time
 
+from contract.status import JobState
 from trainer import events, storage
-from trainer.status import StatusFile, TrainerState
+from trainer.status import StatusFile
 
 # Dense bf16 peak FLOP/s per chip (vendor datasheets).
 PEAK_FLOPS = {
@@ -43,7 +44,7 @@ def generation(device) -> str | None:
 
 # States that beat however long they last: a restore of a large checkpoint and a first compile
 # take minutes, bounded by the watcher's startup limit instead of the stall rule.
-_BEATS_WHILE = (TrainerState.INITIALIZING, TrainerState.RESTORING, TrainerState.COMPILING)
+_BEATS_WHILE = (JobState.INITIALIZING, JobState.RESTORING, JobState.COMPILING)
 
 
 class Heartbeat:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from contract.checkpoint_manifest import aside_name
 from trainer import manifest, storage
 from trainer.config import BadInput
 
@@ -193,7 +194,7 @@ def set_aside(directory: str, step: int) -> str | None:
     if jax.process_index() != 0:
         return None
     src = storage.join(directory, str(step))
-    dst = manifest.aside_name(src)
+    dst = aside_name(src)
     try:
         if storage.is_remote(src):
             _copy_verified_then_delete(src, dst)

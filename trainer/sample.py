@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from contract.layout import checkpoint_dir
 from trainer import storage, tokenizer
 from trainer.config import FIELDS, BadInput, Config
 
@@ -43,7 +44,7 @@ def _open(workdir: str, step: int | None):
     """(directory, step, meta) of a committed step; BadInput when there is none."""
     import orbax.checkpoint as ocp
 
-    directory = storage.join(storage.normalize(workdir), "checkpoints")
+    directory = checkpoint_dir(storage.normalize(workdir))
     if not storage.exists(directory):
         raise BadInput(f"no checkpoints in {workdir} (is it the trainer's --workdir?)")
     manager = ocp.CheckpointManager(

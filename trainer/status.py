@@ -1,4 +1,5 @@
-"""The trainer -> ops seam: one small JSON status file per process.
+"""The trainer's side of the status file (contract.status: the names it writes are the ones ops
+reads): one small JSON file per process.
 
 The trainer rewrites it atomically (tmp + rename) at least every log interval; the ops layer reads
 it over SSH and judges health from `state`, `exit_code` and the heartbeat age.
@@ -10,33 +11,14 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
-
-class TrainerState(StrEnum):
-    INITIALIZING = "initializing"
-    RESTORING = "restoring"  # finding, verifying and reading the newest committed checkpoint
-    COMPILING = "compiling"
-    TRAINING = "training"
-    SAVING = "saving"
-    PREEMPTED = "preempted"
-    DONE = "done"
-    FAILED = "failed"
-
-
-# Documented exit codes of `python -m trainer`.
-EXIT_DONE = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the preemption checkpoint is committed; restart to resume.
-
-STATUS_FILE_ENV = "TPUPOD_STATUS_FILE"
+from contract.status import JobState
 
 
 @dataclass
 class TrainerStatus:
-    state: TrainerState = TrainerState.INITIALIZING
+    state: JobState = JobState.INITIALIZING
     step: int = 0
     loss: float | None = None
     tokens_per_s: float | None = None
@@ -59,7 +41,7 @@ class TrainerStatus:
     def from_json(cls, text: str) -> TrainerStatus:
         raw = json.loads(text)
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
-        known["state"] = TrainerState(known.get("state", TrainerState.INITIALIZING))
+        known["state"] = JobState(known.get("state", JobState.INITIALIZING))
         return cls(**known)
 
 

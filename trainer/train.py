@@ -11,6 +11,8 @@ import time
 
 import jax
 
+from contract.exit_codes import EXIT_DONE, EXIT_PREEMPTED
+from contract.status import JobState
 from trainer import data, storage
 from trainer.checkpoint import Checkpoints, Preemption
 from trainer.compile_cache import compile_program
@@ -20,7 +22,6 @@ from trainer.model import count_params, flops_per_token
 from trainer.peak import peak_flops
 from trainer.restore import restore_newest_readable
 from trainer.sharding import Setup, compute_dtype, make_mesh, params_fingerprint
-from trainer.status import EXIT_DONE, EXIT_PREEMPTED, TrainerState
 
 
 def run(
@@ -61,7 +62,7 @@ def run(
     # 2. Resume from the latest committed checkpoint, or create a fresh state already sharded.
     # A committed step that cannot be read is reported, moved aside, and the one before it used.
     t_restore = time.perf_counter()
-    hb.update(state=TrainerState.RESTORING)
+    hb.update(state=JobState.RESTORING)
     checkpoints = Checkpoints(workdir, cfg, jax.process_count(), data.checkpoint_meta(cfg, loaded))
     restored_from, state, data_iter, unreadable = restore_newest_readable(
         checkpoints, setup.abstract_state, data_iter
@@ -88,7 +89,7 @@ def run(
                   compile_cache_hit=init.hit, compile_cache=init.why)  # fmt: skip
     step = int(jax.device_get(state["step"]))
     hb.update(
-        state=TrainerState.COMPILING,
+        state=JobState.COMPILING,
         step=step,
         restored_from=restored_from,
         last_checkpoint=checkpoints.committed,
@@ -104,7 +105,7 @@ def run(
     dtype = compute_dtype(cfg)
     peak, peak_source = peak_flops(dtype, measure=False)
     flops_step = flops_per_token(cfg, n_params) * cfg.batch_size * cfg.seq_len
-    hb.update(state=TrainerState.TRAINING, compile_cache_hit=cache_hit)
+    hb.update(state=JobState.TRAINING, compile_cache_hit=cache_hit)
 
     # 4. The loop. Metrics of step s are read after step s+1 is dispatched: the host never stalls
     # the device. Saves and the preemption check happen at every step boundary, on every process.
@@ -164,7 +165,7 @@ def run(
             # The last step is saved after the loop whatever the policy (step 6), so the loop's
             # time is the same work with checkpoints and without: a policy costs only its saves.
             if preempted or (step < cfg.steps and checkpoints.should_save(step)):
-                hb.update(state=TrainerState.SAVING, step=step)
+                hb.update(state=JobState.SAVING, step=step)
                 t_save = time.perf_counter()
                 checkpoints.save(step, state, data_iter, periodic=not preempted)
                 if preempted:  # stays SAVING until the commit: ops sees why it is not stepping
@@ -175,7 +176,7 @@ def run(
                     if pid == 0:
                         print(f"warning: {checkpoints.behind_line(cfg)}", file=sys.stderr)
                     log.event("checkpoint_behind", **checkpoints.behind)
-                hb.update(state=TrainerState.TRAINING, last_checkpoint=checkpoints.committed)
+                hb.update(state=JobState.TRAINING, last_checkpoint=checkpoints.committed)
         if pending is not None:
             report(*pending)
     loop_s = time.perf_counter() - t_loop
@@ -188,7 +189,7 @@ def run(
             "preempted", step=step, committed=committed, save_s=save_s, loop_s=round(loop_s, 3)
         )
         hb.update(
-            state=TrainerState.PREEMPTED,
+            state=JobState.PREEMPTED,
             step=step,
             last_checkpoint=committed,
             exit_code=EXIT_PREEMPTED,
@@ -200,7 +201,7 @@ def run(
 
     # 6. Done: make sure the final step is committed, then write summary.json.
     if checkpoints.committed != step and checkpoints.manager.latest_step() != step:
-        hb.update(state=TrainerState.SAVING, step=step)
+        hb.update(state=JobState.SAVING, step=step)
         checkpoints.save(step, state, data_iter)
     committed = checkpoints.wait()
     checkpoints.close()
@@ -227,7 +228,7 @@ def run(
     log.event("done", **summary)
     log.close()
     hb.update(
-        state=TrainerState.DONE,
+        state=JobState.DONE,
         step=step,
         last_checkpoint=committed,
         exit_code=EXIT_DONE,

@@ -3,7 +3,7 @@
 The environment is what a TPU VM would give a login or the startup script, plus the standard
 variables that point GCS clients at the emulator; the trainer never learns it runs locally.
 Metadata is what the nodes.create request carried (the pod's own `up` renders it with
-`infra.metadata`, the same functions the Pulumi program calls) plus the keys GCE adds per worker.
+`contract.metadata`, the same functions the Pulumi program calls) plus the keys GCE adds per worker.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra import metadata
+from contract import metadata
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Passed through from the operator: locale and terminal, and the machine's TLS trust and proxies

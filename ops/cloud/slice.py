@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from infra.metadata import BUNDLE_SHA256
-from infra.node_state import SliceState  # noqa: F401 - re-exported for ops
+from contract.metadata import BUNDLE_SHA256
+from contract.node_state import SliceState  # noqa: F401 - re-exported for ops
 
 
 @dataclass(frozen=True)

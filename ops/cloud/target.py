@@ -16,8 +16,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import metadata
-from infra.job import JobSpec, spec_from_json
+from contract import metadata
+from contract.job import JobSpec, spec_from_json
 from ops.cloud.slice import ProviderError
 from ops.json_file import write_atomic
 
@@ -80,7 +80,7 @@ class Target:
 
     @property
     def metadata(self) -> dict[str, str]:
-        """The node's metadata as declared (tpupod's keys: infra.metadata)."""
+        """The node's metadata as declared (tpupod's keys: contract.metadata)."""
         return dict(self.spec.get("node", {}).get("metadata") or {})
 
     def job(self) -> JobSpec | None:

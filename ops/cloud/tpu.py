@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from google.api_core import exceptions as gexc
 from google.cloud import tpu_v2
 
-from infra import metadata
+from contract import metadata
 from ops.cloud import queued
 from ops.cloud.credentials import credentials
 from ops.cloud.slice import ProviderError, SliceInfo, SliceState, Worker

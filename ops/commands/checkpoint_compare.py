@@ -16,7 +16,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 
-from trainer.manifest import COMMIT_FILES
+from contract.checkpoint_manifest import COMMIT_FILES
 
 LEAVES_SHOWN = 8
 # Orbax's bookkeeping of a save (when and where it committed), not what was saved.

@@ -28,11 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from contract import checkpoint_manifest as manifest
+from contract.layout import checkpoint_dir
 from ops.cli import CliError
 from ops.cloud.credentials import credentials
 from ops.cloud.slice import ProviderError
 from ops.cloud.target import LOCAL, default_pod_dir
-from trainer import manifest
 
 STEP = re.compile(r"^\d+$")
 ASIDE = manifest.ASIDE
@@ -105,7 +106,7 @@ def locate(args: argparse.Namespace) -> Run:
 
 def run_dir_of(endpoints: dict, where: Path) -> str:
     """The run the pod's node runs: metadata `tpupod-run-dir` of the node spec it names."""
-    from infra.metadata import RUN_DIR
+    from contract.metadata import RUN_DIR
 
     try:
         spec = json.loads(Path(endpoints["spec_file"]).read_text())
@@ -117,12 +118,12 @@ def run_dir_of(endpoints: dict, where: Path) -> str:
 
 
 def list_objects(run: Run) -> dict[str, list]:
-    """Blobs under `<workdir>/checkpoints/`, by their first path component (the step dir)."""
-    base = f"{run.prefix}/checkpoints/" if run.prefix else "checkpoints/"
+    """Blobs under the run's checkpoint directory (contract.layout), by their first path component (the step dir)."""
+    base = checkpoint_dir(run.prefix) + "/"
     try:
         blobs = list(run.client.list_blobs(run.bucket, prefix=base))
     except Exception as err:  # noqa: BLE001 - connection, 404 bucket, 403: all one line
-        raise CliError(f"cannot list {run.workdir}/checkpoints: "
+        raise CliError(f"cannot list {checkpoint_dir(run.workdir)}: "
                        f"{str(err).splitlines()[0][:200]}") from None  # fmt: skip
     by_dir: dict[str, list] = {}
     for blob in blobs:
@@ -133,7 +134,7 @@ def list_objects(run: Run) -> dict[str, list]:
 
 
 def _gcs_spec(run: Run, name: str, item: str) -> dict:
-    path = "/".join(p for p in (run.prefix, "checkpoints", name, item) if p) + "/"
+    path = "/".join(p for p in (checkpoint_dir(run.prefix), name, item) if p) + "/"
     return {"driver": "gcs", "bucket": run.bucket, "path": path}
 
 
@@ -270,7 +271,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
                           "steps": [asdict(r) for r in reports]}))  # fmt: skip
         return code
     console = Console()
-    table = Table(title=f"checkpoints in {run.workdir}/checkpoints")
+    table = Table(title=f"checkpoints in {checkpoint_dir(run.workdir)}")
     for column in ("step", "committed (UTC)", "size", "objects", "format", "state"):
         table.add_column(column, justify="right" if column in ("step", "size", "objects") else None)
     for r in reports:

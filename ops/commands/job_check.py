@@ -7,8 +7,8 @@ import argparse
 
 from rich.console import Console
 
+from contract.job import JobError, load
 from infra.bundle_archive import build_bundle
-from infra.job import JobError, load
 
 
 def cmd_check(args: argparse.Namespace) -> int:

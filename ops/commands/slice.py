@@ -10,8 +10,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from contract.job import JobSpec
 from infra import cleanup
-from infra.job import JobSpec
 from ops.cli import CliError
 from ops.cloud.slice import ProviderError, SliceInfo, SliceState
 from ops.cloud.target import LOCAL, load_target, state_dir

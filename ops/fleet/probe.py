@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ops.fleet.job_status import JobStatus, parse_status
+from contract.status import JobStatus, parse_status
 from ops.fleet.outcome import Outcome
 
 # mtime <path>: the file's modification time, empty when it is missing.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from infra.metadata import BUNDLE_SHA256
+from contract.metadata import BUNDLE_SHA256
 from ops.cloud.slice import ProviderError
 from ops.cloud.tpu_errors import QuotaExceeded, Refused, Stockout
 from ops.fleet.forensics import capture_hang

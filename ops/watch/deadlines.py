@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.status import STARTING_STATES
 from ops.cloud import queued
-from ops.fleet.job_status import STARTING_STATES, JobRules
+from ops.fleet.job_status import JobRules
 from ops.watch.table import Phase
 
 # Seconds, per where the slice runs. GCP: a recreate takes minutes and a TPU program compiles for
@@ -126,7 +127,7 @@ def backoff(attempt: int, base: float = 2.0, cap: float = 60.0) -> float:
 def config_for(
     profile: str, job: Any = None, poll: float = 0.5, **given: float | None
 ) -> WatchConfig:
-    """The profile's deadlines, what the job's spec (infra.job.JobSpec) sets, and the flags
+    """The profile's deadlines, what the job's spec (contract.job.JobSpec) sets, and the flags
     `given` (hang, stall, max_failures, backoff; None: not given), in that order."""
     d = PROFILES[profile]
     limits = Limits(

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 
-from ops.fleet.job_status import RESUMED_STATES, JobRules
+from contract.status import RESUMED_STATES
+from ops.fleet.job_status import JobRules
 from ops.fleet.probe import Probe
 from ops.watch.incident import Incident, WatchState
 from ops.watch.journal import Journal

@@ -38,7 +38,7 @@ from ops.cloud.target import Target
 from ops.watch.incident import WatchState, state_from_dict
 
 NO_BUCKET_METADATA = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
-BUCKET_KEY = "tpupod-bucket"  # infra.metadata.BUCKET: the spec's metadata names the bucket
+BUCKET_KEY = "tpupod-bucket"  # contract.metadata.BUCKET: the spec's metadata names the bucket
 CALL_TIMEOUT = 20.0
 PROGRESS_SAVE_S = 30.0  # one GCS write per poll would cost more than the watcher VM
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from infra.metadata import RUN_DIR
+from contract.layout import attempt_dir
+from contract.metadata import RUN_DIR
 from ops.cloud.slice import ProviderError
 from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.cloud.tpu import TpuProvider
@@ -139,7 +140,7 @@ def attempt_logs(provider: TpuProvider, attempt: int, worker: int | None) -> lis
     if not run_dir:
         raise ProviderError(f"node spec of {provider.target.stack} names no run directory")
     bucket = open_bucket(provider.target)
-    prefix = run_dir.removeprefix(f"gs://{bucket.name}/") + f"/tpupod/attempt-{attempt}/"
+    prefix = attempt_dir(run_dir.removeprefix(f"gs://{bucket.name}/"), attempt) + "/"
     try:
         blobs = sorted(bucket.list_blobs(prefix=prefix, timeout=CALL_TIMEOUT), key=lambda b: b.name)
         found = [(f"gs://{bucket.name}/{b.name}", b.download_as_bytes(timeout=CALL_TIMEOUT))

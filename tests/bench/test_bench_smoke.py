@@ -14,7 +14,7 @@ import pytest
 from bench import badput, cost, faults, goodput_bench, recovery_bench, report, smoke, timeline
 from bench.__main__ import main
 from bench.steps_lost import goal_text
-from ops.fleet.job_status import JobStatus
+from contract.status import JobStatus
 from ops.fleet.probe import Probe
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from infra import metadata
+from contract import metadata
+from infra.builtin_job import builtin
 from infra.bundle_archive import BUNDLE_PATHS, PROJECT_ROOT, Bundle, build_bundle
-from infra.job import builtin
 from localpod import env_seed, procs
 from localpod.gcp import storage
 from localpod.vm.environment import image_bin, worker_env

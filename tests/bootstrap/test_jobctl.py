@@ -19,8 +19,8 @@ import time
 
 import pytest
 
+from contract.job import parse
 from infra.bundle_archive import PROJECT_ROOT
-from infra.job import parse
 from localpod import procs
 
 FAKE_JOB = """#!/bin/bash
@@ -46,6 +46,7 @@ class Ctl:
         (bundle / "bootstrap").mkdir(parents=True)
         for name in ("jobctl.sh", "jobrun.py"):
             shutil.copy2(PROJECT_ROOT / "bootstrap" / name, bundle / "bootstrap")
+        shutil.copytree(PROJECT_ROOT / "contract", bundle / "contract")  # the run dir's layout
         (bundle / ".venv" / "bin").mkdir(parents=True)
         (bundle / ".venv" / "bin" / "python").symlink_to(sys.executable)  # the launcher's
         (bundle / "job").mkdir()

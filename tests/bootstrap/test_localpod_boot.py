@@ -25,7 +25,7 @@ from pathlib import Path
 import fabric
 import pytest
 
-from infra import metadata
+from contract import metadata
 from localpod import procs
 from localpod.gcp import storage, tokens
 from localpod.gcp.identities import operator_token

@@ -10,8 +10,8 @@ import json
 import subprocess
 import time
 
+from infra.builtin_job import builtin
 from infra.bundle_archive import build_bundle
-from infra.job import builtin
 
 STANDIN = '''"""Stand-in trainer: status file per the seam, exit 75 on SIGTERM."""
 import json, os, signal, sys, time

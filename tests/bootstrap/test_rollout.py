@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from contract import metadata
 from demo.observer import Fault, FaultPlan
 from demo.reference import pod_provider
-from infra import job as jobs
-from infra import metadata
+from infra import builtin_job
 from localpod import rollout
 from localpod.pod import LocalPod
 from localpod.state import read_json
@@ -29,7 +29,7 @@ STEPS = 120
 
 
 def test_a_new_bundle_rolls_out_at_a_checkpoint_and_survives_a_recreate(tmp_path, stage):
-    job = jobs.builtin(f"--config tiny --steps {STEPS} --set checkpoint_every=10")
+    job = builtin_job.builtin(f"--config tiny --steps {STEPS} --set checkpoint_every=10")
     pod = LocalPod(tmp_path / "pod", workers=2, job=job)
     published: dict = {}
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from contract import job as jobs
 from demo.reference import pod_provider
-from infra import job as jobs
 from infra.bundle_archive import build_bundle
 from localpod.pod import LocalPod
 from ops.cli import main

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from contract import job as jobs
 from demo.observer import Fault, FaultPlan
 from demo.reference import compare_runs, pod_provider, run_reference
-from infra import job as jobs
 from localpod.pod import LocalPod
 from ops.commands.checkpoint_compare import Comparison
 from ops.fleet.job_status import JobRules

@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import pytest
 
+from contract import metadata
 from demo.reference import pod_provider
-from infra import metadata
 from localpod import procs
 from localpod.gcp import storage, tokens
 from localpod.gcp.identities import operator_token

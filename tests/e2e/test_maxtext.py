@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from contract import job as jobs
 from demo.observer import Fault, FaultPlan
 from demo.reference import pod_provider
-from infra import job as jobs
 from localpod.pod import LocalPod
 from ops.fleet.job_status import JobRules
 from ops.watch import Limits, WatchConfig, Watcher

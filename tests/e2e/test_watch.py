@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from contract import job as jobs
 from demo.reference import pod_provider
-from infra import job as jobs
 from localpod.pod import LocalPod
 from ops.fleet.job_status import JobRules
 from ops.watch import EXIT_GAVE_UP, Limits, WatchConfig, Watcher

@@ -17,7 +17,8 @@ from typing import Any
 import pulumi
 import pytest
 
-from infra import metadata, offline
+from contract import metadata
+from infra import offline
 from infra.watcher_vm import NODE_SPEC_KEY
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"

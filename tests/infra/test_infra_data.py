@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from infra import metadata, naming, offline, policies
+from contract import metadata
+from infra import naming, offline, policies
 from infra.config import parse
 from infra.config_checks import ConfigError
 from infra.identity import READ_ONLY

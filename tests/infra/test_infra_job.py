@@ -1,4 +1,4 @@
-"""The job contract's file (infra/job.py): every bad key is one line naming the key and the file,
+"""The job contract's file (contract/job.py): every bad key is one line naming the key and the file,
 `tpupod job check` and `tpupod local up --job` refuse it with exit 2 and start nothing; a job's
 directory ships in the bundle; a stack names its job with `tpupod:job`."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import job as jobs
+from contract import job as jobs
+from infra import builtin_job
 from infra.bundle_archive import build_bundle
 from infra.config import parse
 from infra.config_checks import ConfigError
@@ -92,17 +93,17 @@ def test_the_job_directory_ships_in_the_bundle_with_its_modes(tmp_path):
     assert members["job/go.sh"].mode == 0o755 and members["job/tpupod-job.yaml"].mode == 0o644
     assert "job/__pycache__/x.pyc" not in members and "bootstrap/jobrun.py" in members
     assert "bootstrap/jobkit/tpupod_job/__init__.py" in members
-    other = build_bundle(job=jobs.builtin("--config tiny"))
+    other = build_bundle(job=builtin_job.builtin("--config tiny"))
     assert other.sha256 != bundle.sha256  # the job is part of the bundle's hash
 
 
 def test_the_builtin_trainer_is_a_job_of_the_same_format():
-    job = jobs.builtin("--config small --steps 9 --set checkpoint_every=3")
+    job = builtin_job.builtin("--config small --steps 9 --set checkpoint_every=3")
     assert (
         job.spec.run == "exec python -m trainer --config small --steps 9 --set checkpoint_every=3"
     )
     assert job.spec.steps == 9 and job.spec.exit_codes.fatal == (2,)
-    assert jobs.builtin("--config small").spec.steps == 50  # the preset's
+    assert builtin_job.builtin("--config small").spec.steps == 50  # the preset's
     assert jobs.parse(job.files["tpupod-job.yaml"].decode(), "rendered") == job.spec
 
 
@@ -145,7 +146,7 @@ def test_job_check_and_local_up_refuse_a_bad_job_in_one_line(tmp_path):
 
 
 def test_the_jobs_spec_travels_as_json():
-    spec = jobs.builtin().spec
+    spec = builtin_job.builtin().spec
     assert json.loads(spec.to_json())["run"] == "exec python -m trainer --config tiny"
 
 

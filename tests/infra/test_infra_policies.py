@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from infra import metadata, policies
+from contract import metadata
+from infra import policies
 from infra.security import (
     EXTERNAL_IPS_LABEL,
     IAP_RANGE,

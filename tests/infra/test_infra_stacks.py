@@ -12,7 +12,8 @@ import json
 import pulumi
 import pytest
 
-from infra import catalog, metadata, naming, offline, policies
+from contract import metadata
+from infra import catalog, naming, offline, policies
 from infra.config import parse, raw_from_config_map
 from infra.security import IAP_RANGE, OS_LOGIN_METADATA
 

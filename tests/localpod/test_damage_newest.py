@@ -10,10 +10,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bench import faults as schedules
+from contract.status import JobStatus
 from localpod import faults
 from localpod.faults import committed_steps, lacks_fallback
 from localpod.gcp import storage
-from ops.fleet.job_status import JobStatus
 from ops.fleet.probe import Probe
 
 BUCKET = "damage-test"

@@ -39,11 +39,11 @@ from google.api_core import exceptions
 from google.cloud import storage, tpu_v2
 from google.oauth2.credentials import Credentials
 
+from contract import metadata as keys
 from infra import catalog, offline
-from infra import metadata as keys
+from infra.builtin_job import builtin
 from infra.bundle_archive import Bundle, build_bundle
 from infra.config import parse, raw_from_config_map
-from infra.job import builtin
 from localpod import env_seed
 from localpod.gcp.identities import operator_token
 from localpod.gcp.tpu_client import client

@@ -37,6 +37,7 @@ bundle="$TPUPOD_ROOT/bundles/stand-in"
 mkdir -p "$bundle/bootstrap" "$bundle/.venv/bin" "$bundle/job"
 cp {shlex.quote(str(PROJECT_ROOT / "bootstrap" / "jobctl.sh"))} "$bundle/bootstrap/"
 cp {shlex.quote(str(PROJECT_ROOT / "bootstrap" / "jobrun.py"))} "$bundle/bootstrap/"
+cp -r {shlex.quote(str(PROJECT_ROOT / "contract"))} "$bundle/"
 ln -sfn {shlex.quote(sys.executable)} "$bundle/.venv/bin/python"
 ln -sfn "$bundle" "$TPUPOD_ROOT/current"
 echo '{{"run": "trap \"exit 0\" TERM; sleep 3600 & wait", "progress": "none"}}' \

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from contract.status import JobStatus, parse_status
 from ops.cli import build_parser, main
 from ops.cloud.target import PULUMI_MISSING, SshSettings, Target, load_target
 from ops.cloud.tpu import TpuProvider
-from ops.fleet.job_status import JobStatus, parse_status
 from ops.fleet.probe import Probe
 from ops.json_file import write_atomic
 from ops.watch import WatchConfig, Watcher

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contract.status import JobStatus
 from ops.cloud.slice import SliceState
-from ops.fleet.job_status import JobRules, JobStatus
+from ops.fleet.job_status import JobRules
 from ops.fleet.probe import Probe
 from ops.watch.conditions import SLICE_ACTIONS, SliceAction, WorkerCondition, judge_worker
 from ops.watch.deadlines import PROFILES, Limits, backoff, config_for
@@ -288,7 +289,7 @@ def test_every_waiting_condition_has_one_deadline_and_one_event_after_it():
 
 
 def test_deadlines_come_from_the_profile_then_the_job_then_the_flags():
-    class Spec:  # the fields of infra.job.JobSpec that watch reads
+    class Spec:  # the fields of contract.job.JobSpec that watch reads
         startup_timeout_s, hang_after_s, max_restarts, backoff_s = 120, 45, 5, 7.0
         steps, progress = 100, "status"
         exit_codes = type("Codes", (), {"preempted": [75], "fatal": [2]})

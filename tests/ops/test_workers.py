@@ -11,12 +11,13 @@ import time
 
 import pytest
 
+from contract.status import JobState
 from ops.cloud.slice import Worker
 from ops.fleet.job_status import JobRules
 from ops.fleet.workers import WorkerError, WorkerGroup
 from ops.watch import Limits
 from ops.watch.conditions import WorkerCondition, judge_worker
-from trainer.status import StatusFile, TrainerState
+from trainer.status import StatusFile
 
 
 def workers_of(servers):
@@ -36,7 +37,7 @@ def install_jobctl(root, log):
 def test_probe_reads_every_status_file(pod):
     root0 = pod[0].root
     (root0 / "bootstrap.json").write_text(json.dumps({"state": "ok", "phase": "trainer"}))
-    StatusFile(root0 / "status.json").update(state=TrainerState.TRAINING, step=7, loss=2.5)
+    StatusFile(root0 / "status.json").update(state=JobState.TRAINING, step=7, loss=2.5)
     (root0 / "job.exit").write_text("75\n")
     (root0 / "job.last-exit").write_text("137\n")
     (root0 / "job.term").write_text(f"{time.time() - 5}\n")

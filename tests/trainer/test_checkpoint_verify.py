@@ -11,7 +11,7 @@ import gcsfs
 import pytest
 from trainer_testlib import run_ok, summary
 
-from trainer.manifest import NAME
+from contract.checkpoint_manifest import NAME
 
 WD = "gs://tpupod-test/runs/verify"
 CKPT = f"{WD}/checkpoints"

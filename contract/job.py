@@ -4,14 +4,13 @@ Validated once, where the operator is (`tpupod job check`, the Pulumi program, `
 a bad key is one line naming the key and the file. Workers never parse YAML: the spec travels as
 JSON in the node's metadata (`tpupod-job`) and the directory inside the code bundle (`job/`).
 The built-in trainer is a job of the same format (`trainer/tpupod-job.yaml`), rendered for a
-preset by `builtin()`, so there is one path for every program.
+preset by `infra.builtin_job.builtin()`, so there is one path for every program.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,14 +18,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contract.exit_codes import EXIT_BAD_INPUT, EXIT_PREEMPTED
+
 JOB_FILE = "tpupod-job.yaml"
-BUILTIN_FILE = Path(__file__).resolve().parent.parent / "trainer" / JOB_FILE
 # Never shipped: caches, environments and VCS state a job directory often holds.
 SKIP_PARTS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
               ".ruff_cache", ".tpupod", ".ipynb_checkpoints", "node_modules"}  # fmt: skip
 SKIP_SUFFIXES = {".pyc", ".pyo"}
 MAX_BYTES = 64 * 1024 * 1024  # the bundle goes to every worker at every recreate
-EX_TEMPFAIL = 75  # "try again": the code the built-in trainer and tpupod_job exit with
 _RUN_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
@@ -45,8 +44,10 @@ class ExitCodes(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    preempted: tuple[int, ...] = (EX_TEMPFAIL,)  # restart, not charged to max_restarts
-    fatal: tuple[int, ...] = (2,)  # stop recovery: usage errors do not heal by restarting
+    preempted: tuple[int, ...] = (EXIT_PREEMPTED,)  # restart, not charged to max_restarts
+    fatal: tuple[int, ...] = (
+        EXIT_BAD_INPUT,
+    )  # stop recovery: usage errors do not heal by restarting
 
     @field_validator("preempted", "fatal", mode="before")
     @classmethod
@@ -265,48 +266,3 @@ def _read_files(root: Path) -> dict[str, bytes]:
         if path.is_file():
             files[rel.as_posix()] = path.read_bytes()
     return files
-
-
-BUILTIN_RUN = "exec python -m trainer"  # the built-in trainer's run line, before its arguments
-
-
-def builtin(trainer_args: str = "--config tiny") -> Job:
-    """The built-in trainer's job (`trainer/tpupod-job.yaml`) with `python -m trainer ARGS` as
-    its run; `steps` is what the trainer will train to, for progress and the done rule."""
-    template = yaml.safe_load(BUILTIN_FILE.read_text())
-    args = trainer_args.strip()
-    template["run"] = f"{BUILTIN_RUN} {args}".strip()
-    template["steps"] = builtin_steps(args)
-    text = yaml.safe_dump(template, sort_keys=False)
-    spec = parse(text, f"{BUILTIN_FILE} (rendered for `{args}`)")
-    return Job(spec=spec, files={JOB_FILE: text.encode()}, source=f"built-in trainer ({args})")
-
-
-def builtin_args(run: str) -> str | None:
-    """The trainer arguments of a built-in trainer's `run` line; None for any other program."""
-    words, head = shlex.split(run), shlex.split(BUILTIN_RUN)
-    return " ".join(words[len(head) :]) if words[: len(head)] == head else None
-
-
-def builtin_steps(trainer_args: str) -> int | None:
-    """The steps `python -m trainer ARGS` trains to: --steps, else the preset's (None: a YAML
-    config, whose steps only the trainer reads)."""
-    from trainer.config import PRESETS, Config
-
-    words = shlex.split(trainer_args)
-    value = _flag(words, "--steps")
-    if value is not None:
-        return int(value) if value.isdigit() and int(value) > 0 else None
-    preset = _flag(words, "--config")
-    if preset in PRESETS:
-        return PRESETS[preset].get("steps", Config.steps)
-    return None
-
-
-def _flag(words: list[str], name: str) -> str | None:
-    for i, word in enumerate(words):
-        if word == name and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith(name + "="):
-            return word.split("=", 1)[1]
-    return None

@@ -13,7 +13,7 @@ BUCKET = "tpupod-bucket"
 BUNDLE_OBJECT = "tpupod-bundle-object"
 BUNDLE_SHA256 = "tpupod-bundle-sha256"
 STACK = "tpupod-stack"
-JOB = "tpupod-job"  # the job's spec as JSON (infra.job.JobSpec.to_json)
+JOB = "tpupod-job"  # the job's spec as JSON (contract.job.JobSpec.to_json)
 RUN_ID = "tpupod-run-id"
 RUN_DIR = "tpupod-run-dir"  # gs://BUCKET/runs/<stack>/<run id>: this run's checkpoints and logs
 # Set only by recovery on the node it creates (ops): the job's attempt at that boot.
