@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "ops.commands.run_control",
     "ops.commands.job_check",
     "ops.commands.checkpoints",
+    "ops.commands.goodput",
 ]
 PLUGIN_GROUP = "tpupod.commands"
 

@@ -12,10 +12,16 @@ from ops.fleet.probe import Probe
 from ops.watch.incident import Incident, WatchState
 from ops.watch.journal import Journal
 
+# The run's newest step goes to the journal at most this often (one bucket write each): the
+# samples `tpupod goodput` takes its step time from (ops.watch.goodput).
+PROGRESS_EVERY_S = 60.0
+
 
 class Progress:
-    def __init__(self, state: WatchState, journal: Journal, rules: JobRules):
+    def __init__(self, state: WatchState, journal: Journal, rules: JobRules,
+                 every: float = PROGRESS_EVERY_S):  # fmt: skip
         self.state, self.journal, self.rules = state, journal, rules
+        self.every, self._said = every, (0.0, -1)  # (when, step) of the last `progress` event
         self._marks: dict[int, tuple] = {}  # worker -> ((state, step, pid), when it last changed)
         self._fallbacks_seen: set[tuple[int, int | None]] = set()
 
@@ -40,6 +46,7 @@ class Progress:
                 st.last_step = max(st.last_step, s.step)
                 self.committed(s.last_checkpoint)
         self._journal_fallbacks(probes)
+        self._journal_progress(now)
         if st.incident is not None and not st.incident.phases:
             st.incident.step = max(st.incident.step, st.last_step)  # steps until it died
 
@@ -49,6 +56,15 @@ class Progress:
         st = self.state
         if step is not None and (st.committed is None or step > st.committed):
             st.committed, st.streak = step, 0
+
+    def _journal_progress(self, now: float) -> None:
+        """A sample of the run's newest step, outside incidents, at most every `every` s."""
+        st, (said_at, said_step) = self.state, self._said
+        if (st.incident is not None and st.incident.open) or st.last_step == said_step:
+            return
+        if now - said_at >= self.every:
+            self.journal.event("progress", f"step {st.last_step}", step=st.last_step)
+            self._said = (now, st.last_step)
 
     def _journal_fallbacks(self, probes: list[Probe]) -> None:
         """A job that restored past an unreadable checkpoint lists the steps it set aside in its

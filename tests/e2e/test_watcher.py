@@ -23,6 +23,7 @@ from localpod.gcp.iam_policy import Policy
 from localpod.gcp.iam_report import summarize
 from localpod.pod import LocalPod
 from localpod.vm import watcher_vm
+from ops.cli import main
 from ops.cloud.target import local_target
 from ops.fleet import oslogin
 from ops.watch.remote_state import RemoteState
@@ -110,7 +111,7 @@ def wait(what: str, check, timeout: float = 400.0, poll: float = 0.5):
     return found
 
 
-def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod):
+def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod, capsys):
     pod = watched_pod
     state = RemoteState.for_target(local_target(pod.paths.root))
 
@@ -138,6 +139,11 @@ def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod):
     assert [e["kind"] for e in events() if e["event"] == "detected"] == ["preemption"]
     done = next(e for e in events() if e["event"] == "done")
     assert done["step"] == STEPS and done["preemptions"] == 1 and done["failures"] == 0
+    # `tpupod goodput` reads the same journal from the bucket, as an operator would.
+    assert main(["goodput", "--stack", "local", "--pod-dir", str(pod.paths.root), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["finished"] and figures["incidents"] == 1 and figures["final_step"] == STEPS
+    assert figures["seconds"]["infrastructure recovery"] > 0, figures
     lease = json.loads(state.blob("lease.json").download_as_bytes())
     assert lease["holder"] == watcher_vm.HOLDER and lease["expires"] <= time.time()  # released
     # Against the stack's own grants: every call of the run allowed (the watcher's recreate
