@@ -190,10 +190,6 @@ def generation_of_runtime(runtime_version: str) -> str | None:
     return next((g for p, g in RUNTIME_PREFIXES if runtime_version.startswith(p)), None)
 
 
-def generations_offering(zone: str) -> list[str]:
-    return [g.name for g in GENERATIONS.values() if zone in g.zones]
-
-
 def quota_metric(template: str, spot: bool, scope: str) -> str:
     """The quota a slice counts against: `template` is a Generation's `quota` (or the local
     pod's own), `scope` one of QUOTA_SCOPES, e.g. TPUV6EPreemptiblePerProjectPerRegionForTPUAPI."""

@@ -180,11 +180,3 @@ def listening() -> set[tuple[str, int]]:
         ip = socket.inet_ntoa(int(hex_ip, 16).to_bytes(4, "little"))
         found.add((ip, int(hex_port, 16)))
     return found
-
-
-def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False

@@ -69,11 +69,6 @@ def load_source(cfg: Config) -> Source:
     return Source(tokens, uri, info)
 
 
-def load_source_tokens(cfg: Config) -> tuple[np.ndarray, str]:
-    source = load_source(cfg)
-    return source.tokens, source.uri
-
-
 def checkpoint_meta(cfg: Config, source: Source) -> dict:
     """What each checkpoint records about the run's data: `sample` decodes with it, a resume
     refuses another tokenizer."""

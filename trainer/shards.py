@@ -190,10 +190,6 @@ def load(uri: str) -> tuple[np.ndarray, TokenizerInfo]:
     return tokens, tokenizer_info(index)
 
 
-def load_tokens(uri: str) -> np.ndarray:
-    return load(uri)[0]
-
-
 def synthetic_tokens(seed: int, n: int = 1 << 16) -> np.ndarray:
     """For tests only: a seeded random byte stream with a learnable (repeating) structure."""
     period = np.random.default_rng(seed).integers(0, 256, size=997, dtype=np.uint8)

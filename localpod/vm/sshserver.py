@@ -34,18 +34,6 @@ _CHUNK = 65536
 Spawn = Callable[..., tuple[subprocess.Popen, Awaitable[int]]]
 
 
-def generate_keys(client_key: Path, host_key: Path | None = None) -> None:
-    """The pod's client key pair (what ops connects with) and a host key, if missing."""
-    for path in (client_key, host_key):
-        if path is None or path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        key = asyncssh.generate_private_key("ssh-ed25519", comment="tpupod-local")
-        key.write_private_key(path, "openssh")
-        key.write_public_key(path.with_name(path.name + ".pub"), "openssh")
-        path.chmod(0o600)
-
-
 def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
