@@ -10,7 +10,6 @@ client is `localpod.pod.LocalPod`.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -26,6 +25,7 @@ from localpod import procs
 from localpod.gcp import identities, oslogin, secret_manager, storage, tokens, tpu_control
 from localpod.gcp.authz import POLICY_FILE, Gate
 from localpod.gcp.iam_policy import OPERATOR
+from localpod.gcp.loopback import send_json
 from localpod.gcp.tpu_api import TpuApiServer
 from localpod.gcp.tpu_nodes import TpuService
 from localpod.gcp.tpu_quota import Quota
@@ -253,12 +253,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
         pass
 
     def _reply(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, payload)  # the one JSON answer every local API sends
 
     def do_GET(self) -> None:  # noqa: N802
         ctl: Controller = self.server.controller  # type: ignore[attr-defined]
