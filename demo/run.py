@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from contract import job as jobs
+from contract.layout import checkpoint_dir
 from demo.observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
 from demo.reference import compare_runs, emulator_env, pod_provider, run_reference
 from infra import builtin_job
@@ -206,8 +207,7 @@ def run_demo(args: argparse.Namespace) -> int:
             return 1
         run_dir = f"gs://{pod.bucket}/{pod.run_prefix}"
         ref_dir = run_dir.rsplit("/", 1)[0] + f"/{reference}"
-        comparison = compare_runs(pod.paths.root, f"{run_dir}/checkpoints",
-                                  f"{ref_dir}/checkpoints")  # fmt: skip
+        comparison = compare_runs(pod.paths.root, checkpoint_dir(run_dir), checkpoint_dir(ref_dir))
         equal = report(console, view.events, plan.injected, comparison,
                        time.time() - started, ref_wall, holder, summarize(pod.paths.root))  # fmt: skip
         if args.job is None:

@@ -61,11 +61,9 @@ def job_of(args: argparse.Namespace) -> jobs.Job:
         if args.preset is not None or args.steps is not None:
             raise PodError("--preset and --steps shape the built-in trainer's job; not with --job")
         return jobs.load(args.job)
-    from trainer.config import PRESETS
-
     preset, steps = args.preset or "tiny", args.steps or 200
-    if preset not in PRESETS:
-        raise PodError(f"--preset {preset!r}: unknown; use one of {', '.join(PRESETS)}")
+    if preset not in (presets := builtin_job.preset_steps()):
+        raise PodError(f"--preset {preset!r}: unknown; use one of {', '.join(presets)}")
     if steps < 1:
         raise PodError("--steps must be at least 1")
     return builtin_job.builtin(f"--config {preset} --steps {steps}")

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from contract.layout import checkpoint_dir
+
 
 @dataclass(frozen=True)
 class FaultKind:
@@ -76,7 +78,7 @@ def committed_steps(pod) -> list[int]:
     from localpod.gcp import storage
 
     url, bucket, token = _bucket(pod)
-    prefix = f"{pod.run_prefix}/checkpoints/"
+    prefix = f"{checkpoint_dir(pod.run_prefix)}/"
     files: dict[str, set[str]] = {}
     for o in storage.list_objects(url, bucket, prefix, token):
         step, _, rest = o["name"][len(prefix) :].partition("/")
@@ -100,7 +102,9 @@ def damage_step(pod, step: int) -> int | None:
     from localpod.gcp import storage
 
     url, bucket, token = _bucket(pod)
-    state = storage.list_objects(url, bucket, f"{pod.run_prefix}/checkpoints/{step}/state/", token)
+    state = storage.list_objects(
+        url, bucket, f"{checkpoint_dir(pod.run_prefix)}/{step}/state/", token
+    )
     if not state:
         return None
     largest = max(state, key=lambda o: o["size"])

@@ -1,6 +1,6 @@
-"""The product (infra, bootstrap, trainer, ops) never imports its test bed (localpod, bench): not
-at module level, not inside a function, not by name through importlib. The test bed reaches the
-CLI through the `tpupod.commands` entry points it declares (ops/cli.py)."""
+"""The product (contract, infra, bootstrap, trainer, ops) never imports its test bed (localpod,
+demo, bench): not at module level, not inside a function, not by name through importlib. The test
+bed reaches the CLI through the `tpupod.commands` entry points it declares (ops/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = ("contract", "infra", "bootstrap", "trainer", "ops")
-TEST_BED = ("localpod", "bench")
+TEST_BED = ("localpod", "demo", "bench")
 _BY_NAME = re.compile(rf"^({'|'.join(TEST_BED)})(\.\w+)*(:\w+)?$")
 
 
@@ -57,7 +57,7 @@ def violations_in(repo: Path, roots) -> list[str]:
 
 
 PACKAGES = (*PRODUCT, *TEST_BED)
-TPUPOD = (*PACKAGES, "tools", "demo")
+TPUPOD = (*PACKAGES, "tools")
 
 
 def leaf_violations(repo: Path, leaf: str = "contract") -> list[str]:
