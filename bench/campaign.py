@@ -80,7 +80,8 @@ def survey_checkpoints(pod) -> dict:
     """Every step the job's workdir still holds, read in full: (un)readable and set aside."""
     import argparse
 
-    from ops.commands.checkpoints import locate, survey
+    from ops.commands.checkpoint_run import locate
+    from ops.commands.checkpoints import survey
 
     try:
         args = argparse.Namespace(stack="local", pod_dir=pod.paths.root, workdir=None)

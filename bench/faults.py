@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from localpod import faults
 from localpod.faults import KILLS_WATCH, ONLY_WHILE_SAVING
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 
 
 class WatchKilled(Exception):
@@ -28,9 +28,9 @@ class Stop(Exception):
 def healthy(watcher, probes) -> int | None:
     """The slowest reporting worker's step when every worker's job runs and every report is
     current and stepping (often only process 0 reports), else None."""
-    if watcher.incident is not None and "resumed" not in watcher.incident.phases:
+    if watcher.state.incident is not None and "resumed" not in watcher.state.incident.phases:
         return None
-    fresh = [s for p in probes if (s := p.current(watcher.since))]
+    fresh = [s for p in probes if (s := p.current(watcher.state.since))]
     if not probes or not fresh or not all(p.alive for p in probes):
         return None
     if any(s.state not in ("training", "saving") for s in fresh):
@@ -109,7 +109,7 @@ class Schedule:
     def _maybe_kill_watch(self, watcher) -> None:
         """Kills the watch on the n-th poll of a recovery under way (n cycles 1..3 over the
         campaign's watch kills, so they land at different points of the delete and create)."""
-        inc = watcher.incident
+        inc = watcher.state.incident
         if self._kill_watch_in is None or inc is None or not inc.open:
             return
         if inc.phase in (Phase.WATCHING, Phase.PENDING_RECREATE):

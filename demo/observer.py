@@ -68,9 +68,9 @@ class FaultPlan:
     task: int | None = None
 
     def __call__(self, watcher: Watcher, probes: list[Probe]) -> None:
-        steps = [s.step for p in probes if (s := p.current(watcher.since))]
+        steps = [s.step for p in probes if (s := p.current(watcher.state.since))]
         last = max(self.injected.values(), default=0.0)
-        inc = watcher.incident
+        inc = watcher.state.incident
         settled = not self.injected or (
             inc is not None and inc.detected_at >= last and "resumed" in inc.phases
         )

@@ -109,20 +109,25 @@ class _Prefixed:
         pass
 
 
+def print_attempt_logs(args: argparse.Namespace) -> int:
+    """`logs --attempt N`: that attempt's output of every worker, from the bucket."""
+    from ops.watch.remote_watch import attempt_logs
+
+    try:
+        logs = attempt_logs(provider_for(args), args.attempt, args.worker)
+    except ProviderError as err:
+        raise CliError(str(err)) from None
+    for uri, text in logs:
+        lines = text.splitlines()[-args.lines :] if args.lines else text.splitlines()
+        worker = uri.rsplit("worker-", 1)[-1].removesuffix(".log")
+        for line in lines:
+            print(f"[w{worker}] {line}")
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     if getattr(args, "attempt", None) is not None:  # from the bucket: the VM may be gone
-        from ops.watch.remote_watch import attempt_logs
-
-        try:
-            logs = attempt_logs(provider_for(args), args.attempt, args.worker)
-        except ProviderError as err:
-            raise CliError(str(err)) from None
-        for uri, text in logs:
-            lines = text.splitlines()[-args.lines :] if args.lines else text.splitlines()
-            worker = uri.rsplit("worker-", 1)[-1].removesuffix(".log")
-            for line in lines:
-                print(f"[w{worker}] {line}")
-        return 0
+        return print_attempt_logs(args)
     if getattr(args, "watcher", False):
         from ops.watch.remote_watch import follow_journal
 

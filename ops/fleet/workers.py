@@ -10,20 +10,24 @@ login user is not root, as on a TPU VM. Transient SSH failures (connection error
 
 from __future__ import annotations
 
-import base64
 import shlex
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 
-from fabric import Config, Connection, ThreadingGroup
+from fabric import Config, ThreadingGroup
 from fabric.exceptions import GroupException
-from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
 
 from ops.cloud.slice import Worker
 from ops.fleet.outcome import Outcome
 from ops.fleet.probe import Probe, last_line, parse_probe, probe_script
+from ops.fleet.ssh_connections import (
+    BoundedConnection,
+    close_connections,
+    connect_kwargs,
+    describe_error,
+    host_key_refused,
+    pinned,
+)
 
 ROOT = '"${TPUPOD_ROOT:-/var/lib/tpupod}"'
 # jobctl as root: directly when the login is root, else through passwordless sudo.
@@ -88,7 +92,7 @@ class WorkerGroup:
                     config=config,
                     gateway=w.proxy_command,
                     connect_timeout=connect_timeout,
-                    connect_kwargs=_connect_kwargs(w, connect_timeout),
+                    connect_kwargs=connect_kwargs(w, connect_timeout),
                 ),
                 w,
             )
@@ -102,7 +106,7 @@ class WorkerGroup:
         self.close()
 
     def close(self) -> None:
-        _close(*self.connections.values())
+        close_connections(*self.connections.values())
 
     @property
     def indices(self) -> list[int]:
@@ -125,7 +129,7 @@ class WorkerGroup:
                 outcomes[index] = outcome
             todo = [i for i in todo if _transient(outcomes[i])]
             # a broken transport must not be reused
-            _close(*(self.connections[index] for index in todo))
+            close_connections(*(self.connections[index] for index in todo))
             if not todo:
                 break
         return outcomes
@@ -143,8 +147,10 @@ class WorkerGroup:
             index = by_cxn[cxn]
             if isinstance(res, BaseException):
                 worker = self.by_index[index]
-                fatal = _host_key_refused(res)
-                outcomes[index] = Outcome(index, None, error=_describe(res, worker), fatal=fatal)
+                fatal = host_key_refused(res)
+                outcomes[index] = Outcome(
+                    index, None, error=describe_error(res, worker), fatal=fatal
+                )
             else:
                 outcomes[index] = Outcome(index, res.exited, res.stdout, res.stderr)
         return outcomes
@@ -233,89 +239,5 @@ def sudo_refused(stderr: str) -> bool:
     )
 
 
-class BoundedConnection(Connection):
-    """A connection whose channel opens are bounded by its connect timeout. paramiko waits up to
-    an hour for a session on a transport whose peer vanished without a FIN (a preempted VM,
-    an IAP tunnel to it), and a command's own timeout starts only once its session is open: a
-    probe racing a preemption held the watch with it."""
-
-    def open(self):
-        result = super().open()
-        if self.transport is not None:
-            self.transport.channel_timeout = self.connect_timeout
-        return result
-
-
-def pinned(cxn: Connection, worker: Worker) -> Connection:
-    """Only the guest-attribute host key is accepted, under the name paramiko looks it up by
-    (`host` on port 22, `[host]:port` otherwise); Fabric's default AutoAddPolicy is replaced."""
-    cxn.client.set_missing_host_key_policy(RejectPolicy())
-    if worker.host_key:
-        name = worker.host if worker.port == 22 else f"[{worker.host}]:{worker.port}"
-        key = Ed25519Key(data=base64.b64decode(worker.host_key))
-        cxn.client.get_host_keys().add(name, key.get_name(), key)
-    return cxn
-
-
-def _connect_kwargs(worker: Worker, connect_timeout: float) -> dict:
-    """The SSH banner is bounded like the connect: a live sshd sends it at once, and a tunnel to
-    a VM that is going away (IAP accepts, nothing answers) would otherwise hold each attempt
-    for paramiko's banner wait."""
-    kwargs: dict = {"banner_timeout": connect_timeout, "auth_timeout": 30}
-    if worker.key_filename:
-        kwargs.update(key_filename=worker.key_filename, look_for_keys=False, allow_agent=False)
-    return kwargs
-
-
 def _transient(outcome: Outcome) -> bool:
     return not outcome.fatal and (outcome.exited is None or outcome.exited == SSH_EXIT)
-
-
-def _host_key_refused(err: BaseException) -> bool:
-    return isinstance(err, BadHostKeyException) or (
-        isinstance(err, SSHException) and "not found in known_hosts" in str(err)
-    )
-
-
-def _describe(err: BaseException, worker: Worker) -> str:
-    if isinstance(err, socket.timeout | TimeoutError):
-        return "timed out"
-    if isinstance(err, BadHostKeyException):
-        return (
-            f"host key of {worker.host} does not match the one in the node's guest attributes "
-            f"(got ...{err.key.get_base64()[-8:]}, expected ...{(worker.host_key or '')[-8:]}): "
-            "refused; a different machine answered, or the node was recreated (describe again)"
-        )
-    if _host_key_refused(err):
-        return (
-            f"{worker.host}: no host key in the node's guest attributes: refused (a worker "
-            "publishes it at boot; if none ever does, the org policy "
-            "constraints/compute.disableGuestAttributesAccess may be enforced: ask for an "
-            "exception for this project)"
-        )
-    return f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
-
-
-def _close(*cxns: Connection) -> None:
-    """Closes SSH connections and reaps their ProxyCommands (paramiko only signals them): without
-    the wait, a watch that runs for days keeps one zombie per connection it ever opened. Each
-    transport's thread is joined first, because it signals its proxy once more on its way out:
-    after the reap that pid may already be free, or someone else's. A proxy whose thread is still
-    alive after the wait is left unreaped."""
-    closing = []
-    for cxn in cxns:
-        transport = cxn.client.get_transport()  # also a broken one: its proxy needs reaping too
-        cxn.close()  # SIGTERM to the proxy; its EOF ends the transport's thread
-        if getattr(getattr(transport, "sock", None), "process", None) is not None:
-            closing.append(transport)
-    for transport in closing:
-        if transport.is_alive():  # never started if connecting failed before the handshake
-            transport.join(timeout=5)
-            if transport.is_alive():
-                continue
-        process = transport.sock.process
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)

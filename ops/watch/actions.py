@@ -1,8 +1,9 @@
 """One plain function per `Action` of the recovery table: the short step a transition takes.
 
 Each gets the watcher (its provider, journal, budgets and persisted state), the incident and the
-why; a step whose outcome is known at once (a create refused, a delete not issued) feeds that
-outcome back as the next event through `Watcher.on`, so it too is a row of the table.
+why, and returns None or, when its outcome is known at once (a create refused, a delete not
+issued, a backoff already over), that outcome as the next event (`Then`): `Watcher.on` applies
+its row in turn, so it too is a row of the table and no action re-enters the table itself.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from ops.fleet.workers import WorkerError
 from ops.watch import capacity
 from ops.watch.api import GiveUp, WatcherApi
 from ops.watch.incident import Incident
+from ops.watch.judge import clock_event
 from ops.watch.remote_state import RemoteState
-from ops.watch.table import Action, Event
+from ops.watch.transitions import Action, Event, Then
 
 
-def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
+def delete(w: WatcherApi, inc: Incident, detail: str) -> Then | None:
     refreshed = w.api(w.provider.refresh_spec)  # the node as `pulumi up` left it, while it exists
     if refreshed:
         w.journal.event("spec_refreshed", f"the recreate follows the node: {', '.join(refreshed)}",
@@ -33,10 +35,11 @@ def delete(w: WatcherApi, inc: Incident, detail: str) -> None:
     if w.provider.zone in inc.queued_zones and not w.provider_errors:
         inc.queued_zones.remove(w.provider.zone)
     if inc.operation is None and w.provider_errors:
-        w.on(Event.NOT_ISSUED, detail)  # not issued: try again next poll
+        return Then(Event.NOT_ISSUED, detail)  # not issued: try again next poll
+    return None
 
 
-def create(w: WatcherApi, inc: Incident, detail: str) -> None:
+def create(w: WatcherApi, inc: Incident, detail: str) -> Then | None:
     inc.operation = None
     inc.zone = w.provider.zone
     if w.provider.queued:
@@ -46,16 +49,16 @@ def create(w: WatcherApi, inc: Incident, detail: str) -> None:
         inc.operation = w.provider.start_create(attempt=w.state.attempt + 1)
     except (Stockout, QuotaExceeded) as err:
         if beside:  # that one keeps its place; no budget is spent
-            return w.on(Event.REFUSED_BESIDE, str(err))
+            return Then(Event.REFUSED_BESIDE, str(err))
         if isinstance(err, Stockout):
-            return w.on(Event.STOCKOUT, str(err))
-        return w.on(Event.REGION_QUOTA if err.regional else Event.QUOTA, str(err))
+            return Then(Event.STOCKOUT, str(err))
+        return Then(Event.REGION_QUOTA if err.regional else Event.QUOTA, str(err))
     except Refused as err:  # permission or an invalid spec: no retry can pass it
         raise GiveUp(str(err)) from None
     except ProviderError as err:
-        return w.on(Event.FAILED, f"create failed: {err}")
+        return Then(Event.FAILED, f"create failed: {err}")
     if inc.operation is None:  # the node (or its request) exists already: filed before a restart
-        return w.on(Event.QUEUED if w.provider.queued else Event.DONE)
+        return Then(Event.QUEUED if w.provider.queued else Event.DONE)
     return None
 
 
@@ -132,25 +135,27 @@ def roll_out(w: WatcherApi, inc: Incident, detail: str) -> None:
                 bundle=bundle)  # fmt: skip
 
 
-def open_recreate(w: WatcherApi, inc: Incident, detail: str, failure: bool = False) -> None:
+def open_recreate(w: WatcherApi, inc: Incident, detail: str, failure: bool = False) -> Then:
     if failure:
         w.charge(detail)
     else:
         w.state.preemptions += 1
     inc.not_before = time.time() + w.config.retry_wait(inc.attempts)
-    w.drive(inc)  # issues the delete at once unless backing off
+    return Then(clock_event(time.time(), inc.not_before))  # due: the delete goes at once
 
 
-def open_rebuild(w: WatcherApi, inc: Incident, detail: str) -> None:
-    open_recreate(w, inc, detail, failure=True)
+def open_rebuild(w: WatcherApi, inc: Incident, detail: str) -> Then:
+    return open_recreate(w, inc, detail, failure=True)
 
 
-def open_restart(w: WatcherApi, inc: Incident, detail: str) -> None:
+def open_restart(w: WatcherApi, inc: Incident, detail: str) -> Then:
+    """A crash or hang on a READY slice (the judge just saw it): charge it, then the restart
+    goes at once unless a crash loop backs off (the slice is looked at again when it is due)."""
     bucket = w.store if isinstance(w.store, RemoteState) else None
     capture_hang(w, inc, bucket)  # a hang's stacks, before the restart destroys them
     w.charge(detail)
     inc.not_before = time.time() + w.restart_wait()
-    w.drive(inc)
+    return Then(clock_event(time.time(), inc.not_before))
 
 
 def restart_free(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -172,7 +177,8 @@ def close(w: WatcherApi, inc: Incident, detail: str) -> None:
     w.close_incident()
 
 
-def finish(w: WatcherApi, inc: Incident | None, detail: str) -> int:
+def finish(w: WatcherApi, inc: Incident | None, detail: str) -> None:
+    """Every worker done: the last line (watch exits 0 after this row)."""
     if w.recovering():
         w.close_incident()
     step = max((p.status.step for p in w.probes if p.status), default=w.state.last_step)
@@ -180,7 +186,6 @@ def finish(w: WatcherApi, inc: Incident | None, detail: str) -> int:
     w.journal.event("done", f"every worker done at step {step} ({st.preemptions} preemptions, "
                     f"{st.failures} failure restarts)", step=step, preemptions=st.preemptions,
                     failures=st.failures)  # fmt: skip
-    return 0
 
 
 def stop(w: WatcherApi, inc: Incident, detail: str) -> None:
@@ -192,7 +197,7 @@ def nothing(w: WatcherApi, inc: Incident | None, detail: str) -> None:
     return None
 
 
-ACTIONS: dict[Action, Callable[..., int | None]] = {
+ACTIONS: dict[Action, Callable[..., Then | None]] = {
     Action.NONE: nothing,
     Action.DELETE: delete,
     Action.CREATE: create,

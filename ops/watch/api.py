@@ -11,9 +11,8 @@ from ops.cloud.tpu import TpuProvider
 from ops.fleet.probe import Probe
 from ops.fleet.workers import WorkerGroup
 from ops.watch.deadlines import WatchConfig
-from ops.watch.incident import Incident, IncidentStore, WatchState
+from ops.watch.incident import IncidentStore, WatchState
 from ops.watch.journal import Journal
-from ops.watch.table import Event
 
 
 class GiveUp(Exception):
@@ -31,8 +30,6 @@ class WatcherApi(Protocol):
     probes: list[Probe]
     provider_errors: int
 
-    def on(self, event: Event, detail: str = "", kind: str | None = None) -> int | None: ...
-    def drive(self, inc: Incident) -> None: ...
     def close(self) -> None: ...
     def api(self, call: Callable[[], Any]) -> Any: ...
     def charge(self, reason: str) -> None: ...

@@ -1,4 +1,4 @@
-"""The recovery table's actions that ask for capacity (ops.watch.table): where the slice is
+"""The recovery table's actions that ask for capacity (ops.watch.transitions): where the slice is
 filed, what a refusal costs and where recovery turns next.
 
 Each kind of refusal spends its own budget and backs off on its own (ops.watch.deadlines): a

@@ -10,7 +10,7 @@ from typing import Any
 from contract.status import STARTING_STATES
 from ops.cloud import queued
 from ops.fleet.job_status import JobRules
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 
 # Seconds, per where the slice runs. GCP: a recreate takes minutes and a TPU program compiles for
 # minutes; the local pod: seconds. The dataclasses below default to GCP's; `config_for` applies

@@ -1,4 +1,4 @@
-"""docs/recovery-table.md: the recovery table (ops.watch.table), what each waiting phase observes,
+"""docs/recovery-table.md: the recovery table (ops.watch.transitions), what each waiting phase observes,
 and the deadline of each thing watch waits on, with its value on GCP and on the local pod, all
 read from the definitions (ops.watch.conditions, ops.watch.deadlines); a test keeps it current."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from ops.cloud import queued
 from ops.watch.conditions import NOTICE_HEALTH, SLICE_ACTIONS, STATE_DEADLINES, SliceAction
 from ops.watch.deadlines import REQUEST_LIMITS, WatchConfig, config_for
-from ops.watch.table import OBSERVES, TABLE
+from ops.watch.transitions import TABLE, WAITS_FOR
 
 NOTES = {"UNKNOWN": " (Google's: after a failed repair)",
          "UNRECOGNIZED": " (a state the installed client cannot name)"}  # fmt: skip
@@ -17,7 +17,7 @@ def markdown() -> str:
     lines = [
         "# The recovery table",
         "",
-        "Generated from `ops/watch/table.py` by `uv run python -m ops.watch > "
+        "Generated from `ops/watch/transitions.py` by `uv run python -m ops.watch > "
         "docs/recovery-table.md`; every transition `tpupod watch` makes is one of these rows "
         "(journaled as a `transition` event). A (phase, event) pair not listed changes nothing.",
         "",
@@ -26,7 +26,7 @@ def markdown() -> str:
     ]
     lines += [f"| {p} | {e} | {to} | {a} |" for (p, e), (to, a) in TABLE.items()]
     lines += ["", "What each waiting phase observes:", "", "| phase | observes |", "| --- | --- |"]
-    lines += [f"| {p} | {what} |" for p, what in OBSERVES.items()]
+    lines += [f"| {p} | {what} |" for p, what in WAITS_FOR.items()]
     return "\n".join(lines + deadlines()) + "\n"
 
 

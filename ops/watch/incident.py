@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ops.json_file import write_atomic
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 
 
 @dataclass

@@ -28,7 +28,7 @@ STYLES = {
     "stockout": "yellow",
 }
 # Events kept in the journal file only (not echoed, not sent to the bucket): every recovery-table
-# transition (ops.watch.table) is there for the record; the milestones say the same to a person.
+# transition (ops.watch.transitions) is there for the record; the milestones say the same to a person.
 QUIET = {"transition"}
 
 

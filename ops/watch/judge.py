@@ -1,4 +1,4 @@
-"""What was observed -> one `Event` for the recovery table (ops.watch.table). Pure: no I/O, no
+"""What was observed -> one `Event` for the recovery table (ops.watch.transitions). Pure: no I/O, no
 clock; the caller passes what it saw and how long it has waited.
 
 The judged phases see the node and a probe per worker: `decide` ranks the workers' conditions
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ops.cloud import queued
-from ops.cloud.slice import SliceState
+from ops.cloud.slice import SliceInfo, SliceState
 from ops.fleet.job_status import JobRules
 from ops.fleet.probe import Probe
 from ops.watch.conditions import (
@@ -27,7 +27,7 @@ from ops.watch.conditions import (
     judge_worker,
 )
 from ops.watch.deadlines import Limits
-from ops.watch.table import Event
+from ops.watch.transitions import Event
 
 # Slice-wide worker condition -> event. A waiting condition (CALM, NOTICE) becomes the event
 # in ON_DEADLINE once it outlasts its deadline (Limits.deadline).
@@ -120,23 +120,20 @@ def decide_workers(
 
 
 def decide(
-    state: SliceState,
+    seen: SliceInfo,
     probes: list[Probe],
     since: float,
     waited: Waited,
     limits: Limits,
-    health: str | None = None,
     rules: JobRules | None = None,
     run_step: int | None = None,
-    bundle: str | None = None,
-    spot: bool = True,
-    detail: str | None = None,
 ) -> Decision:
-    """A judged phase's event: slice state first, its health next, then the workers. `spot`:
-    the node is spot or preemptible (maintenance ends it) rather than on-demand or reserved;
-    `detail`: what the TPU API said of the state (a number the client cannot name, ...)."""
+    """A judged phase's event: the slice as the TPU API described it (`seen`: its state first,
+    its health next, whether it is spot (maintenance ends it) or on-demand or reserved, the
+    bundle its metadata names, what the API said of a state it cannot name), then the workers."""
+    state, health, detail = seen.state, seen.health, seen.detail
     slice_action = SLICE_ACTIONS[state]
-    if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH and not spot:
+    if slice_action is SliceAction.CHECK_WORKERS and health in NOTICE_HEALTH and not seen.spot:
         if waited(MAINTENANCE) > limits.transient:
             why = f"maintenance ({health}) for {waited(MAINTENANCE):.0f}s"
             return Decision(Event.SLICE_LOST, why, key=MAINTENANCE)
@@ -148,7 +145,8 @@ def decide(
         return Decision(Event.SLICE_LOST, f"slice {state}", key=state)
     if slice_action is SliceAction.WAIT:
         return decide_waiting(state, waited(state), limits, detail)
-    return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step, bundle)
+    return decide_workers(probes, since, waited, limits, rules or JobRules(), run_step,
+                          seen.bundle)  # fmt: skip
 
 
 def decide_spot_maintenance(health: str, waited: float, limits: Limits) -> Decision:

@@ -14,7 +14,7 @@ from ops.watch import judge
 from ops.watch.api import WatcherApi
 from ops.watch.conditions import STATE_DEADLINES
 from ops.watch.incident import Incident
-from ops.watch.table import Event, Observes, Phase
+from ops.watch.transitions import Event, Phase, WaitsFor
 
 Seen = tuple[Event, str] | None
 
@@ -120,11 +120,11 @@ def bootstrap(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> S
     return judge.bootstrap_event(info.state, boots, waited, deadline), f"node {info.state}"
 
 
-OBSERVERS: dict[Observes, Callable[[WatcherApi, Incident, float, float], Seen]] = {
-    Observes.CLOCK: clock,
-    Observes.OPERATION: operation,
-    Observes.REQUEST: request,
-    Observes.NODE: node,
-    Observes.CLOCK_AND_NODE: clock_and_node,
-    Observes.BOOTSTRAP: bootstrap,
+OBSERVERS: dict[WaitsFor, Callable[[WatcherApi, Incident, float, float], Seen]] = {
+    WaitsFor.CLOCK: clock,
+    WaitsFor.OPERATION: operation,
+    WaitsFor.REQUEST: request,
+    WaitsFor.NODE: node,
+    WaitsFor.CLOCK_AND_NODE: clock_and_node,
+    WaitsFor.BOOTSTRAP: bootstrap,
 }

@@ -1,6 +1,6 @@
 """`tpupod watch`: the recovery loop. Each poll observes what the current phase waits for, the
 judge (ops.watch.judge) names one event, and `on` applies the recovery table's row for it
-(ops.watch.table): the next phase, journaled as a `transition`, and one action
+(ops.watch.transitions): the next phase, journaled as a `transition`, and one action
 (ops.watch.actions). Nothing else changes a phase.
 
 Every event goes to the journal (JSON lines, for the goodput report) and one line to the
@@ -37,15 +37,24 @@ from ops.watch.conditions import (
     WorkerCondition,
 )
 from ops.watch.deadlines import WatchConfig, backoff
+from ops.watch.hold import Hold
 from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.journal import Journal
 from ops.watch.observe import OBSERVERS
 from ops.watch.progress import Progress
-from ops.watch.table import OBSERVES, OPENS, Action, Event, Phase, advance
+from ops.watch.transitions import (
+    OPENS,
+    WAITS_FOR,
+    Action,
+    Event,
+    Phase,
+    Then,
+    Transition,
+    advance,
+)
 
 MAX_PROVIDER_ERRORS = 5
 EXIT_DONE, EXIT_GAVE_UP = 0, 3  # 1 stays Python's own (an uncaught exception): restartable
-HOLD_CHECK_S = 2.0  # a hold (tpupod stop) is read at most this often, and before every action
 # Events that change the slice or the job: never acted on while the run is held.
 ACTING = {Event.SLICE_LOST, Event.UNUSABLE, Event.JOB_FAILED, Event.JOB_PREEMPTED,
           Event.NEW_BUNDLE}  # fmt: skip
@@ -69,9 +78,7 @@ class Watcher:
         self.provider, self.journal = provider, journal
         self.config = config or WatchConfig()
         self.rules = self.config.rules
-        self.read_hold = hold or (lambda: None)  # the run's hold (ops.watch.remote_state), if any
-        self._hold: tuple[float, dict | None] = (0.0, None)
-        self._said_held = False
+        self.hold = Hold(hold, journal)  # the run's hold (ops.watch.remote_state), if any
         self.on_poll = on_poll  # the demo injects faults and draws progress from here
         self.store = store or IncidentStore(None)
         self.state = self.store.load() or WatchState(since=time.time())
@@ -90,17 +97,10 @@ class Watcher:
             None  # each poll: e.g. renew the lease (ops.watch.lease)
         )
 
-    # The persisted state, under the names the demo and the benchmarks read.
-    since = property(lambda s: s.state.since, lambda s, v: setattr(s.state, "since", v))
-    incident = property(lambda s: s.state.incident)
-    failures = property(lambda s: s.state.failures)
-    preemptions = property(lambda s: s.state.preemptions)
-    last_step = property(lambda s: s.state.last_step)
-
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:
         self.journal.event("watching", f"stack {self.provider.name}", stack=self.provider.name)
-        inc = self.incident
+        inc = self.state.incident
         if inc is not None and inc.open:
             self.journal.event(
                 "continuing", f"{inc.kind} incident, {inc.phase}", kind=inc.kind, phase=inc.phase
@@ -116,7 +116,7 @@ class Watcher:
                     return code
                 time.sleep(self.config.poll)
         except GiveUp as err:
-            self.journal.event("gave_up", str(err), failures=self.failures)
+            self.journal.event("gave_up", str(err), failures=self.state.failures)
             self.store.clear()
             return EXIT_GAVE_UP
         except KeyboardInterrupt:
@@ -133,8 +133,8 @@ class Watcher:
 
     def step(self) -> int | None:
         """One observation: a waiting phase's, or the judged phases' (node + workers)."""
-        inc = self.incident
-        if self.recovering() and inc.phase in OBSERVES:
+        inc = self.state.incident
+        if self.recovering() and inc.phase in WAITS_FOR:
             self.drive(inc)
             if self.on_poll is not None:
                 self.on_poll(self, [])
@@ -149,17 +149,16 @@ class Watcher:
         if SLICE_ACTIONS[info.state] is SliceAction.CHECK_WORKERS and not notice:
             self.probes = self.workers(info.workers).probe()
             self.progress.track(self.probes)
-        decision = judge.decide(info.state, self.probes, self.since, self._waited,
-                                self.config.limits, info.health, self.rules,
-                                self.last_step, info.bundle, info.spot, info.detail)  # fmt: skip
+        decision = judge.decide(info, self.probes, self.state.since, self._waited,
+                                self.config.limits, self.rules, self.state.last_step)  # fmt: skip
         self._tick(decision.key)
         if decision.key == MAINTENANCE and not info.spot:  # the VMs reboot: their files are stale
-            self.since = time.time()
+            self.state.since = time.time()
         if self.on_poll is not None:
             self.on_poll(self, self.probes)
         # Anything but a healthy slice is checked against a fresh hold: a `tpupod stop` stops the
         # job right after holding the run, and its exits are no incident.
-        if self.held(fresh=decision.event in ACTING or decision.condition not in CALM):
+        if self.hold.held(fresh=decision.event in ACTING or decision.condition not in CALM):
             return None
         recovering = self.recovering()
         resumed = recovering and bool(self.probes) and self.progress.resumed(self.probes)
@@ -171,7 +170,7 @@ class Watcher:
         """A waiting phase: observe the one thing it waits for, then apply its event."""
         waited = time.time() - inc.phase_since
         deadline = self.config.phase_deadline(inc.phase)
-        seen = OBSERVERS[OBSERVES[inc.phase]](self, inc, waited, deadline)
+        seen = OBSERVERS[WAITS_FOR[inc.phase]](self, inc, waited, deadline)
         if seen is None:  # the TPU API did not answer: the same observation next poll
             return
         event, detail = seen
@@ -181,8 +180,23 @@ class Watcher:
 
     def on(self, event: Event, detail: str = "", kind: str | None = None) -> int | None:
         """The table's row for (phase, event): enter the next phase, journal the transition,
-        take the action. The only place a phase changes."""
-        inc = self.incident if self.recovering() else None
+        take the action; again for the event the action hands back (`Then`), until none is
+        left. The only place a phase changes. EXIT_DONE once the FINISH row was taken."""
+        then: Then | None = Then(event, detail)
+        while then is not None:
+            transition = self._enter(then.event, then.detail, kind)
+            if transition is None:
+                return None
+            inc = self.state.incident if self.recovering() else None
+            then = ACTIONS[transition.action](self, inc, then.detail)
+            if transition.action is Action.FINISH:
+                return EXIT_DONE
+            kind = None  # a follow-up belongs to the incident its first row opened
+        return None
+
+    def _enter(self, event: Event, detail: str, kind: str | None) -> Transition | None:
+        """One row: the next phase (an incident opened where the action opens one), journaled."""
+        inc = self.state.incident if self.recovering() else None
         phase = inc.phase if inc is not None else Phase.WATCHING
         transition = advance(phase, event)
         if transition is None:
@@ -195,39 +209,24 @@ class Watcher:
             inc.phase, inc.phase_since = transition.phase, time.time()
         self.journal.event("transition", f"{phase} --{event}--> {transition.phase}: {action}",
                            phase=phase, on=event, to=transition.phase, action=action)  # fmt: skip
-        return ACTIONS[action](self, inc, detail)
-
-    def held(self, fresh: bool = False) -> bool:
-        """The run is stopped on purpose (`tpupod stop`): watch but never act, until `start`."""
-        now = time.time()
-        if fresh or now - self._hold[0] > HOLD_CHECK_S:
-            self._hold = (now, self.read_hold())
-        hold = self._hold[1]
-        if hold and not self._said_held:
-            by = hold.get("by", "someone")
-            self.journal.event("held", f"run stopped by {by} (`tpupod start` resumes it); "
-                               "watching without acting", by=by)  # fmt: skip
-        elif not hold and self._said_held:
-            self.journal.event("unheld", "run started again: recovery resumes")
-        self._said_held = bool(hold)
-        return bool(hold)
+        return transition
 
     # -- what the actions use ------------------------------------------------------------------
     def detect(self, kind: str, reason: str) -> Incident:
         if self.recovering():
-            return self.incident  # the same incident, still being recovered
+            return self.state.incident  # the same incident, still being recovered
         now = time.time()
-        self.state.incident = Incident(kind, reason, now, self.last_step, phase_since=now)
-        self.journal.event("detected", f"{kind}: {reason}", kind=kind, step=self.last_step)
+        self.state.incident = Incident(kind, reason, now, self.state.last_step, phase_since=now)
+        self.journal.event("detected", f"{kind}: {reason}", kind=kind, step=self.state.last_step)
         return self.state.incident
 
     def recovering(self) -> bool:
-        return self.incident is not None and self.incident.open
+        return self.state.incident is not None and self.state.incident.open
 
     def charge(self, reason: str) -> None:
-        if self.failures >= self.config.max_failures:
+        if self.state.failures >= self.config.max_failures:
             raise GiveUp(
-                f"giving up after {self.failures} failure restarts "
+                f"giving up after {self.state.failures} failure restarts "
                 f"(budget {self.config.max_failures}); last: {reason}"
             )
         self.state.failures += 1
@@ -240,19 +239,19 @@ class Watcher:
 
     def restarted_now(self) -> None:
         """The job starts afresh: files older than now belong to the last attempt."""
-        self.since = time.time()
+        self.state.since = time.time()
         # A maintenance event is the node's, not the job's: a restart does not start it again.
         self.first_seen = {k: v for k, v in self.first_seen.items() if k == MAINTENANCE}
 
     def milestone(self, name: str, started: float, message: str, **fields) -> None:
         now = time.time()
-        if self.incident is not None:
-            self.incident.phases[name] = now
+        if self.state.incident is not None:
+            self.state.incident.phases[name] = now
         self.journal.event(name, f"{message} in {now - started:.1f}s", seconds=now - started,
                            **fields)  # fmt: skip
 
     def close_incident(self) -> None:
-        self.progress.close_incident(self.incident, self.probes)
+        self.progress.close_incident(self.state.incident, self.probes)
 
     def api(self, call):
         """A TPU API call; a failure is journaled and retried next poll (None), up to a limit."""

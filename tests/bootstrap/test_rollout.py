@@ -22,7 +22,7 @@ from ops.watch import Limits, WatchConfig, Watcher
 from ops.watch.journal import Journal
 
 # slow: a pod, a rollout and a recreate (~3 minutes on 2 cores); CI stays under 20 minutes, and
-# the table row it drives (watching --new-bundle--> awaiting-resume) is in tests/ops/test_table.py;
+# the table row it drives (watching --new-bundle--> awaiting-resume) is in tests/ops/test_transitions.py;
 # the same pod's CLI path (`tpupod local rollout`, `tpupod rollout`) is in test_localpod_boot.py.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 STEPS = 120
@@ -37,7 +37,7 @@ def test_a_new_bundle_rolls_out_at_a_checkpoint_and_survives_a_recreate(tmp_path
         """At step 30: publish the new bundle, once (what `pulumi up` would do)."""
 
         def __call__(self, watcher, probes) -> None:
-            steps = [s.step for p in probes if (s := p.current(watcher.since))]
+            steps = [s.step for p in probes if (s := p.current(watcher.state.since))]
             if not published and steps and min(steps) >= 30:
                 published.update(rollout.publish(pod, job, stage(tmp_path / "tree", "rollout")))
 
@@ -49,7 +49,7 @@ def test_a_new_bundle_rolls_out_at_a_checkpoint_and_survives_a_recreate(tmp_path
 
         def on_poll(watcher, probes):
             roll(watcher, probes)
-            inc = watcher.incident
+            inc = watcher.state.incident
             if published and (inc is None or "resumed" in inc.phases):  # the rollout is over
                 plan(watcher, probes)
 

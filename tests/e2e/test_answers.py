@@ -17,7 +17,7 @@ from localpod.pod import LocalPod
 from ops.cloud.slice import SliceState
 from ops.cloud.tpu_fields import CLIENT
 from ops.watch import GiveUp, Limits
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 from tests.e2e.test_capacity import watcher_for
 from tests.e2e.test_provider import CONFIG, drive, phase_is
 
@@ -105,7 +105,7 @@ def test_a_request_failed_for_quota_backs_off_where_another_zone_can_help(
     quota = events(watcher, "quota")
     assert len(quota) == 1 and named in quota[0]["message"], quota
     assert quota[0]["zone"] == here and (quota[0]["next_zone"] != here) == moves
-    assert (watcher.incident.quota_refusals, watcher.incident.stockouts) == (1, 0)
+    assert (watcher.state.incident.quota_refusals, watcher.state.incident.stockouts) == (1, 0)
     assert [e["zone"] for e in events(watcher, "recreated")] == [quota[0]["next_zone"]]
 
 

@@ -16,7 +16,7 @@ from ops.cloud.slice import SliceState
 from ops.watch import Watcher
 from ops.watch.incident import IncidentStore
 from ops.watch.journal import Journal
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 from tests.e2e.test_provider import CONFIG, direct, drive, phase_is
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -44,7 +44,7 @@ def test_a_queued_resource_waits_for_capacity_and_a_suspended_one_is_filed_again
     seen: list[str] = []
 
     def resumed_after_waiting(w: Watcher) -> bool:
-        if w.incident is not None and w.incident.phase is Phase.AWAITING_QUEUED:
+        if w.state.incident is not None and w.state.incident.phase is Phase.AWAITING_QUEUED:
             seen.append(provider.request_status().state)
         return phase_is(Phase.AWAITING_RESUME)(w)
 
@@ -172,7 +172,7 @@ def test_a_request_is_filed_beside_only_as_quota_permits(pod_factory, tmp_path: 
     assert "quota" not in names and "withdrawn" not in names and "gave_up" not in names
     assert all(zones <= {here} for zones in held)  # never a second request: quota
     assert [e["zone"] for e in events if e["event"] == "recreated"] == [here]
-    assert watcher.incident.quota_refusals == 0
+    assert watcher.state.incident.quota_refusals == 0
 
 
 def test_local_up_can_file_a_queued_resource_for_the_first_node(pod_factory) -> None:

@@ -110,7 +110,7 @@ def test_a_hang_is_dumped_with_its_stacks_before_the_restart(tmp_path: Path):
         provider = pod_provider(pod.paths.root)
         bucket = RemoteState.for_target(provider.target)
         watcher = Watcher(provider, journal, cfg, on_poll=until_captured, store=bucket)
-        watcher.since = 0.0  # the stand-ins wrote their status before this watch began
+        watcher.state.since = 0.0  # the stand-ins wrote their status before this watch began
         with pytest.raises(Captured):
             watcher.run()
         event = next(e for e in journal.events if e["event"] == "forensics")

@@ -70,7 +70,7 @@ def test_an_on_demand_node_under_maintenance_is_waited_for_not_restarted(
     assert events == {"TERMINATE_ON_HOST_MAINTENANCE"}
     assert maintenance_event(pod) == "NONE"
     names = [e["event"] for e in watcher.journal.events]
-    assert watcher.incident is None and watcher.failures == 0, names
+    assert watcher.state.incident is None and watcher.state.failures == 0, names
     assert not {"detected", "restarted", "recreated"} & set(names), names
     assert provider.describe().state.value == "READY"
     probes = watcher.workers(provider.describe().workers).probe()  # same host keys: SSH works

@@ -20,7 +20,7 @@ from ops.fleet.workers import WorkerError, WorkerGroup, as_root
 from ops.watch import Limits, WatchConfig, Watcher
 from ops.watch.incident import IncidentStore
 from ops.watch.journal import Journal
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 CONFIG = WatchConfig(limits=Limits(bootstrap=60), poll=0.2, ready_deadline=60,
@@ -55,7 +55,7 @@ def direct(provider):
 
 
 def phase_is(*phases):
-    return lambda w: w.incident is not None and w.incident.phase in phases
+    return lambda w: w.state.incident is not None and w.state.incident.phase in phases
 
 
 def test_describe_and_ssh_through_iap_with_pinned_host_keys(
@@ -156,15 +156,15 @@ def test_a_stockout_on_recreate_is_retried_and_a_restarted_watch_creates_nothing
     pod.preempt(notice=0)
     # watch #1 detects, deletes, creates: the create's operation fails for capacity, and the
     # create issued after the backoff is where watch #1 stops (killed, say)
-    drive(first, lambda w: w.incident is not None and w.incident.stockouts == 1
-          and w.incident.phase is Phase.AWAITING_CREATE and w.incident.operation)  # fmt: skip
+    drive(first, lambda w: w.state.incident is not None and w.state.incident.stockouts == 1
+          and w.state.incident.phase is Phase.AWAITING_CREATE and w.state.incident.operation)  # fmt: skip
     first.close()
     pending = store.load().incident
     assert pending.phase is Phase.AWAITING_CREATE and pending.operation
     node = created(provider)
     # watch #2 polls that same operation to READY and the bootstrap, creating nothing again
     second = Watcher(direct(pod_provider(pod.paths.root)), journal, CONFIG, store=store)
-    assert second.incident.operation == pending.operation
+    assert second.state.incident.operation == pending.operation
     drive(second, phase_is(Phase.AWAITING_RESUME))
     second.close()
     assert created(provider).id == node.id
@@ -173,7 +173,11 @@ def test_a_stockout_on_recreate_is_retried_and_a_restarted_watch_creates_nothing
     assert names.index("stockout") < names.index("recreated") < names.index("ready")
     assert names[-1] == "bootstrapped"
     # a stockout is neither a preemption nor a failure
-    assert (second.preemptions, second.failures, second.incident.stockouts) == (1, 0, 1)
+    assert (second.state.preemptions, second.state.failures, second.state.incident.stockouts) == (
+        1,
+        0,
+        1,
+    )
     assert pod_provider(pod.paths.root).describe().state is SliceState.READY
 
 
@@ -204,7 +208,7 @@ def test_a_quota_refusal_is_named_backed_off_and_sends_the_slice_to_the_next_zon
     assert (quota[0]["zone"], quota[0]["next_zone"]) == (here, there)
     names = [e["event"] for e in journal.events]
     assert "stockout" not in names and "error" not in names and names.count("recreated") == 1
-    assert (watcher.incident.stockouts, watcher.incident.quota_refusals) == (0, 1)
+    assert (watcher.state.incident.stockouts, watcher.state.incident.quota_refusals) == (0, 1)
     info = pod_provider(pod.paths.root).describe()
     assert (info.state, info.zone) == (SliceState.READY, there)
 

@@ -15,7 +15,7 @@ from google.cloud import tpu_v2
 from demo.reference import pod_provider
 from localpod.pod import LocalPod
 from ops.cloud.slice import SliceState
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 from tests.e2e.test_capacity import other, watcher_for
 from tests.e2e.test_provider import CONFIG, drive, phase_is
 
@@ -44,7 +44,7 @@ def test_a_regions_quota_is_waited_out_in_place_and_named(pod: LocalPod, tmp_pat
     assert (quota[0]["zone"], quota[0]["next_zone"]) == (here, here)
     assert quota[0]["retry_in"] > 0  # backed off, not filed again at once
     assert [e["zone"] for e in events(watcher, "recreated")] == [here]
-    assert watcher.incident.quota_refusals == 1 and watcher.incident.stockouts == 0
+    assert watcher.state.incident.quota_refusals == 1 and watcher.state.incident.stockouts == 0
 
 
 def test_requests_that_cannot_be_filled_are_deleted_before_filing_again(

@@ -148,7 +148,7 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
                     api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
     journal = Journal(tmp_path / "j.jsonl")
     watcher = Watcher(TpuProvider(target), journal, WatchConfig(max_failures=10))
-    watcher.since = 0.0
+    watcher.state.since = 0.0
 
     def commits(step):
         status = JobStatus(step=step + 3, pid=7, last_checkpoint=step, updated=time.time())
@@ -163,7 +163,7 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     assert waits == [0.0, 2.0, 4.0]
     commits(200)
     watcher.charge("crash")
-    assert watcher.restart_wait() == 0.0 and watcher.failures == 4
+    assert watcher.restart_wait() == 0.0 and watcher.state.failures == 4
 
 
 def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_another():

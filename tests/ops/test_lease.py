@@ -14,7 +14,7 @@ from ops.cloud.target import SshSettings, Target
 from ops.watch.incident import Incident, WatchState
 from ops.watch.lease import Lease, LeaseLost, Observer, run_leased
 from ops.watch.remote_state import RemoteState
-from ops.watch.table import Phase
+from ops.watch.transitions import Phase
 from tests.ops.conftest import dummy_token
 
 BUCKET = "tpupod-lease-test"

@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import pytest
 
+from contract.metadata import BUNDLE_SHA256
 from contract.status import JobStatus
-from ops.cloud.slice import SliceState
+from ops.cloud.slice import SliceInfo, SliceState
 from ops.fleet.job_status import JobRules
 from ops.fleet.probe import Probe
+from ops.watch import judge as the_judge
 from ops.watch.conditions import SLICE_ACTIONS, SliceAction, WorkerCondition, judge_worker
 from ops.watch.deadlines import PROFILES, Limits, backoff, config_for
-from ops.watch.judge import CONDITION_DEADLINES, ON_DEADLINE, decide
-from ops.watch.table import Event
+from ops.watch.judge import CONDITION_DEADLINES, ON_DEADLINE
+from ops.watch.transitions import Event
+
+
+def decide(state, probes, since, waited, limits, health=None, *, rules=None, run_step=None,
+           bundle=None, spot=True, detail=None):  # fmt: skip
+    """The judge's `decide`, handed the slice as the TPU API would describe it."""
+    metadata = {BUNDLE_SHA256: bundle} if bundle else {}
+    seen = SliceInfo(state, health=health, detail=detail, metadata=metadata, spot=spot)
+    return the_judge.decide(seen, probes, since, waited, limits, rules, run_step)
+
 
 NOW = 10_000.0
 SINCE = 9_000.0
@@ -244,7 +255,7 @@ def test_maintenance_health_is_a_preemption_notice_on_a_spot_node():
     assert (d.event, d.condition, d.key) == (Event.NOTICE, WorkerCondition.PREEMPTED, "maintenance")
     assert at(LIMITS.preempt_grace + 1).event is Event.SPOT_MAINTENANCE
     assert at(LIMITS.spot_maintenance + 1).event is Event.SLICE_LOST
-    from ops.watch.table import Phase, advance
+    from ops.watch.transitions import Phase, advance
 
     assert advance(Phase.WATCHING, Event.SPOT_MAINTENANCE).phase is Phase.AWAITING_RESUME
     assert advance(Phase.AWAITING_RESUME, Event.SPOT_MAINTENANCE) is None  # once per event

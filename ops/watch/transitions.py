@@ -2,7 +2,8 @@
 goes through `advance` and nothing else changes a phase; the watcher journals each one.
 
 Pure: no I/O, no clock. `ops.watch.judge` turns what was observed into an `Event`, and
-`ops.watch.actions` holds one plain function per `Action`. `python -m ops.watch` prints the
+`ops.watch.actions` holds one plain function per `Action`, which returns the next event
+(`Then`) or None. `python -m ops.watch` prints the
 table as markdown, with the deadlines of what the phases wait on (ops.watch.drawing;
 docs/recovery-table.md is generated from it; a test keeps it current).
 """
@@ -59,7 +60,7 @@ class Event(StrEnum):
     NEW_BUNDLE = "new-bundle"  # the node's metadata names a bundle the healthy workers do not run
 
 
-class Observes(StrEnum):
+class WaitsFor(StrEnum):
     """What a waiting phase looks at each poll to make its event (ops.watch.judge)."""
 
     CLOCK = "clock"  # its backoff
@@ -104,7 +105,7 @@ class Action(StrEnum):
 
 P, E, A = Phase, Event, Action
 # Phases whose workers are judged each poll (ops.watch.judge.decide); the others wait for one
-# thing each (OBSERVES) with a deadline of their own (ops.watch.deadlines).
+# thing each (WAITS_FOR) with a deadline of their own (ops.watch.deadlines).
 JUDGED = (P.WATCHING, P.AWAITING_RESUME)
 _JUDGED_ROWS: dict[Event, tuple[Phase | None, Action]] = {  # None: stay in the judged phase
     E.NOTICE: (None, A.NOTE_NOTICE),
@@ -161,15 +162,15 @@ TABLE: dict[tuple[Phase, Event], tuple[Phase, Action]] = {
        for phase in JUDGED for event, (to, action) in _JUDGED_ROWS.items()},
 }  # fmt: skip
 # What each waiting phase observes to make its event.
-OBSERVES: dict[Phase, Observes] = {
-    P.PENDING_RECREATE: Observes.CLOCK,
-    P.AWAITING_CAPACITY: Observes.CLOCK,
-    P.PENDING_RESTART: Observes.CLOCK_AND_NODE,
-    P.AWAITING_DELETE: Observes.OPERATION,
-    P.AWAITING_CREATE: Observes.OPERATION,
-    P.AWAITING_QUEUED: Observes.REQUEST,
-    P.AWAITING_READY: Observes.NODE,
-    P.AWAITING_BOOTSTRAP: Observes.BOOTSTRAP,
+WAITS_FOR: dict[Phase, WaitsFor] = {
+    P.PENDING_RECREATE: WaitsFor.CLOCK,
+    P.AWAITING_CAPACITY: WaitsFor.CLOCK,
+    P.PENDING_RESTART: WaitsFor.CLOCK_AND_NODE,
+    P.AWAITING_DELETE: WaitsFor.OPERATION,
+    P.AWAITING_CREATE: WaitsFor.OPERATION,
+    P.AWAITING_QUEUED: WaitsFor.REQUEST,
+    P.AWAITING_READY: WaitsFor.NODE,
+    P.AWAITING_BOOTSTRAP: WaitsFor.BOOTSTRAP,
 }
 # Actions that open an incident (or continue the one open): the judged event names its kind.
 OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE_NOTICE,
@@ -180,6 +181,16 @@ OPENS = {A.OPEN_RECREATE, A.OPEN_REBUILD, A.OPEN_RESTART, A.RESTART_FREE, A.NOTE
 class Transition:
     phase: Phase
     action: Action
+
+
+@dataclass(frozen=True)
+class Then:
+    """What an action hands back when its outcome is known at once (a create refused, a delete
+    not issued, a backoff already over): the event of the table's next row. `Watcher.on` takes
+    it; no action applies a row itself."""
+
+    event: Event
+    detail: str = ""
 
 
 def advance(phase: Phase, event: Event) -> Transition | None:

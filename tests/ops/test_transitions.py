@@ -1,4 +1,4 @@
-"""The recovery table (ops.watch.table): its paths, every row applied by `Watcher.on` and
+"""The recovery table (ops.watch.transitions): its paths, every row applied by `Watcher.on` and
 journaled, nothing else changing a phase, its generated drawing current; the waiting phases'
 events (ops.watch.judge) and the persisted incident. No I/O but tmp files, no clock."""
 
@@ -13,19 +13,19 @@ import pytest
 from ops.cloud.slice import SliceState
 from ops.cloud.target import SshSettings, Target
 from ops.cloud.tpu import TpuProvider
-from ops.watch import drawing, table, watcher
+from ops.watch import drawing, transitions, watcher
 from ops.watch.deadlines import Limits
 from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.journal import Journal
 from ops.watch.judge import bootstrap_event, clock_event, operation_event, slice_event
-from ops.watch.table import JUDGED, OBSERVES, TABLE, Action, Event, Phase, advance
+from ops.watch.transitions import JUDGED, TABLE, WAITS_FOR, Action, Event, Phase, advance
 from tests.ops.conftest import dummy_token
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_phase_is_judged_or_waits_for_one_thing():
-    assert set(OBSERVES) | set(JUDGED) == set(Phase) and not set(OBSERVES) & set(JUDGED)
+    assert set(WAITS_FOR) | set(JUDGED) == set(Phase) and not set(WAITS_FOR) & set(JUDGED)
     assert {p for p, _ in TABLE} == set(Phase)
 
 
@@ -145,15 +145,49 @@ def test_every_row_is_applied_by_on_and_journaled(phase, event, tmp_path, monkey
     to, action = TABLE[(phase, event)]
     w.on(event, "why", "hang")
     assert taken == [action]
-    assert w.incident is not None and w.incident.phase is to
+    assert w.state.incident is not None and w.state.incident.phase is to
     moves = [e for e in w.journal.events if e["event"] == "transition"]
     assert [(m["phase"], m["on"], m["to"], m["action"]) for m in moves] == [
         (phase, event, to, action)
     ]
 
 
+def _followed(phase: Phase, event: Event) -> tuple[Event, Phase, Action] | None:
+    """A row out of the phase (phase, event) leads to: the event an action could hand back."""
+    to, _ = TABLE[(phase, event)]
+    return next(((e, *TABLE[(p, e)]) for (p, e) in TABLE if p is to), None)
+
+
+@pytest.mark.parametrize(("phase", "event"),
+                         [r for r, (_, a) in TABLE.items() if a is not Action.FINISH])  # fmt: skip
+def test_an_action_that_hands_back_an_event_takes_exactly_the_next_row(
+    phase, event, tmp_path, monkeypatch
+):
+    """Actions return events (`Then`); `on` applies the row for it in turn, each transition
+    journaled once, and stops when an action returns nothing."""
+    to, first = TABLE[(phase, event)]
+    follow, to2, second = _followed(phase, event)
+    taken: list[Action] = []
+
+    def act(w, inc, detail, a):
+        taken.append(a)
+        return transitions.Then(follow, "next") if len(taken) == 1 else None
+
+    monkeypatch.setattr(
+        watcher, "ACTIONS", {a: (lambda w, i, d, a=a: act(w, i, d, a)) for a in Action}
+    )
+    w = _watcher(tmp_path)
+    now = time.time()
+    w.state.incident = Incident("crash", "r", now, 5, phase=phase, phase_since=now)
+    w.on(event, "why", "hang")
+    assert taken == [first, second]
+    moves = [(m["phase"], m["on"], m["to"], m["action"])
+             for m in w.journal.events if m["event"] == "transition"]  # fmt: skip
+    assert moves == [(phase, event, to, first), (to, follow, to2, second)]
+
+
 @pytest.mark.parametrize("event", [e for (p, e), (_, a) in TABLE.items()
-                                   if p is Phase.WATCHING and a in table.OPENS])  # fmt: skip
+                                   if p is Phase.WATCHING and a in transitions.OPENS])  # fmt: skip
 def test_with_no_incident_open_a_judged_event_opens_one_of_its_kind(event, tmp_path, monkeypatch):
     monkeypatch.setattr(watcher, "ACTIONS", {a: lambda *_: None for a in Action})
     w = _watcher(tmp_path)
@@ -161,7 +195,10 @@ def test_with_no_incident_open_a_judged_event_opens_one_of_its_kind(event, tmp_p
     expected = {Event.NOTICE: "preemption", Event.FATAL: "fatal", Event.NEW_BUNDLE: "rollout",
                 Event.UNKNOWN_STATE: "unknown-state"}  # fmt: skip
     expected = expected.get(event, "hang")
-    assert w.incident.kind == expected and w.incident.phase is TABLE[(Phase.WATCHING, event)][0]
+    assert (
+        w.state.incident.kind == expected
+        and w.state.incident.phase is TABLE[(Phase.WATCHING, event)][0]
+    )
     assert [e["event"] for e in w.journal.events] == ["detected", "transition"]
 
 
@@ -173,7 +210,7 @@ def test_a_pair_not_in_the_table_changes_nothing(phase, tmp_path, monkeypatch):
     for event in Event:
         if (phase, event) not in TABLE:
             assert w.on(event) is None
-    assert w.incident.phase is phase and w.journal.events == []
+    assert w.state.incident.phase is phase and w.journal.events == []
 
 
 def _phase_writers(path: Path) -> list[str]:
@@ -190,13 +227,25 @@ def _phase_writers(path: Path) -> list[str]:
     return found
 
 
+def _body(source: list[str], name: str) -> tuple[int, int]:
+    start = next(i for i, line in enumerate(source, 1) if f"def {name}(" in line)
+    return start, next(i for i, line in enumerate(source, 1) if i > start and "def " in line)
+
+
 def test_nothing_but_on_changes_a_phase():
+    """The phase is written in one place, `Watcher._enter` (one row), and only `on` calls it."""
     writers = [w for p in sorted((ROOT / "ops").rglob("*.py")) for w in _phase_writers(p)]
     source = (ROOT / "ops/watch/watcher.py").read_text().splitlines()
-    on_start = next(i for i, line in enumerate(source, 1) if "def on(" in line)
-    on_end = next(i for i, line in enumerate(source, 1) if i > on_start and "def " in line)
+    enter_start, enter_end = _body(source, "_enter")
     assert writers and all(w.startswith("watcher.py:") for w in writers), writers
-    assert all(on_start < int(w.split(":")[1]) < on_end for w in writers), writers
+    assert all(enter_start < int(w.split(":")[1]) < enter_end for w in writers), writers
+    on_start, on_end = _body(source, "on")
+    callers = [i for i, line in enumerate(source, 1) if "self._enter(" in line]
+    assert callers and all(on_start < i < on_end for i in callers), callers
+    actions = (ROOT / "ops/watch/actions.py").read_text() + (
+        ROOT / "ops/watch/capacity.py"
+    ).read_text()
+    assert "w.on(" not in actions and "w.drive(" not in actions  # actions return events
 
 
 def test_the_negative_control_finds_a_phase_written_elsewhere(tmp_path):

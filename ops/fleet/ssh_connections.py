@@ -1,0 +1,98 @@
+"""Fabric connections as the workers' fan-out opens them (ops.fleet.workers): channel opens
+bounded by the connect timeout, host keys pinned to the guest attributes, the SSH errors said in
+one line, and closing that reaps each IAP ProxyCommand."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import subprocess
+
+from fabric import Connection
+from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
+
+from ops.cloud.slice import Worker
+
+
+class BoundedConnection(Connection):
+    """A connection whose channel opens are bounded by its connect timeout. paramiko waits up to
+    an hour for a session on a transport whose peer vanished without a FIN (a preempted VM,
+    an IAP tunnel to it), and a command's own timeout starts only once its session is open: a
+    probe racing a preemption held the watch with it."""
+
+    def open(self):
+        result = super().open()
+        if self.transport is not None:
+            self.transport.channel_timeout = self.connect_timeout
+        return result
+
+
+def pinned(cxn: Connection, worker: Worker) -> Connection:
+    """Only the guest-attribute host key is accepted, under the name paramiko looks it up by
+    (`host` on port 22, `[host]:port` otherwise); Fabric's default AutoAddPolicy is replaced."""
+    cxn.client.set_missing_host_key_policy(RejectPolicy())
+    if worker.host_key:
+        name = worker.host if worker.port == 22 else f"[{worker.host}]:{worker.port}"
+        key = Ed25519Key(data=base64.b64decode(worker.host_key))
+        cxn.client.get_host_keys().add(name, key.get_name(), key)
+    return cxn
+
+
+def connect_kwargs(worker: Worker, connect_timeout: float) -> dict:
+    """The SSH banner is bounded like the connect: a live sshd sends it at once, and a tunnel to
+    a VM that is going away (IAP accepts, nothing answers) would otherwise hold each attempt
+    for paramiko's banner wait."""
+    kwargs: dict = {"banner_timeout": connect_timeout, "auth_timeout": 30}
+    if worker.key_filename:
+        kwargs.update(key_filename=worker.key_filename, look_for_keys=False, allow_agent=False)
+    return kwargs
+
+
+def host_key_refused(err: BaseException) -> bool:
+    return isinstance(err, BadHostKeyException) or (
+        isinstance(err, SSHException) and "not found in known_hosts" in str(err)
+    )
+
+
+def describe_error(err: BaseException, worker: Worker) -> str:
+    if isinstance(err, socket.timeout | TimeoutError):
+        return "timed out"
+    if isinstance(err, BadHostKeyException):
+        return (
+            f"host key of {worker.host} does not match the one in the node's guest attributes "
+            f"(got ...{err.key.get_base64()[-8:]}, expected ...{(worker.host_key or '')[-8:]}): "
+            "refused; a different machine answered, or the node was recreated (describe again)"
+        )
+    if host_key_refused(err):
+        return (
+            f"{worker.host}: no host key in the node's guest attributes: refused (a worker "
+            "publishes it at boot; if none ever does, the org policy "
+            "constraints/compute.disableGuestAttributesAccess may be enforced: ask for an "
+            "exception for this project)"
+        )
+    return f"{type(err).__name__}: {err}".strip().splitlines()[0][:200]
+
+
+def close_connections(*cxns: Connection) -> None:
+    """Closes SSH connections and reaps their ProxyCommands (paramiko only signals them): without
+    the wait, a watch that runs for days keeps one zombie per connection it ever opened. Each
+    transport's thread is joined first, because it signals its proxy once more on its way out:
+    after the reap that pid may already be free, or someone else's. A proxy whose thread is still
+    alive after the wait is left unreaped."""
+    closing = []
+    for cxn in cxns:
+        transport = cxn.client.get_transport()  # also a broken one: its proxy needs reaping too
+        cxn.close()  # SIGTERM to the proxy; its EOF ends the transport's thread
+        if getattr(getattr(transport, "sock", None), "process", None) is not None:
+            closing.append(transport)
+    for transport in closing:
+        if transport.is_alive():  # never started if connecting failed before the handshake
+            transport.join(timeout=5)
+            if transport.is_alive():
+                continue
+        process = transport.sock.process
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
