@@ -52,7 +52,7 @@ def flops_per_token(preset: str, generation: str | None) -> float:
 
 def run(goodput: float | None, goodput_label: str) -> dict:
     from infra.catalog import lookup
-    from trainer.metrics import PEAK_FLOPS
+    from trainer.peak import PEAK_FLOPS
 
     rows = []
     prices = cost.load_prices()

@@ -38,7 +38,7 @@ def trainer_figs(a, console) -> list[Figure]:
 
 
 def gpu_figs(a, console) -> list[Figure]:
-    """`1b` on one GPU: MFU against the datasheet peak (trainer.metrics.PEAK_FLOPS)."""
+    """`1b` on one GPU: MFU against the datasheet peak (trainer.peak.PEAK_FLOPS)."""
     import shutil
     import subprocess
 

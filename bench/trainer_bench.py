@@ -192,7 +192,7 @@ def allocator_figure(cfg: str, r: dict) -> Figure:
 
 
 def gpu_figures(r: dict, gpu: str) -> list[Figure]:
-    """`1b` on one GPU: MFU against the datasheet peak (trainer.metrics.PEAK_FLOPS)."""
+    """`1b` on one GPU: MFU against the datasheet peak (trainer.peak.PEAK_FLOPS)."""
     overrides = f", overrides {' '.join(r['sets'])}" if r["sets"] else ""
     return [
         Figure(

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_BAD_INPUT
     from trainer import storage
-    from trainer.metrics import Heartbeat  # jax-free: the status file appears within a second
+    from trainer.status import Heartbeat  # jax-free: the status file appears within a second
 
     try:
         hb = Heartbeat(
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainer import train
         from trainer.checkpoint import Preemption
         from trainer.config import with_generation_batch
-        from trainer.metrics import generation
+        from trainer.peak import generation
 
         preemption = Preemption(distributed=args.coordinator is not None)
         t0 = time.perf_counter()

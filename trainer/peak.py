@@ -19,7 +19,33 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from trainer.metrics import PEAK_FLOPS, generation
+# Dense bf16 peak FLOP/s per chip (vendor datasheets).
+PEAK_FLOPS = {
+    "v4": 275e12,
+    "v5e": 197e12,
+    "v5p": 459e12,
+    "v6e": 918e12,
+    "h100": 989e12,
+    "h200": 989e12,
+}
+
+
+def generation(device) -> str | None:
+    """Maps jax's device_kind ("TPU v5 lite", "NVIDIA H100 80GB HBM3", ...) to a table key."""
+    kind = device.device_kind.lower()
+    for needle, gen in (
+        ("v6", "v6e"),
+        ("v5 lite", "v5e"),
+        ("v5e", "v5e"),
+        ("v5", "v5p"),
+        ("v4", "v4"),
+        ("h100", "h100"),
+        ("h200", "h200"),
+    ):
+        if needle in kind:
+            return gen
+    return None
+
 
 CACHE_DIR_ENV = "TPUPOD_CACHE_DIR"
 FRESH_ENV = "TPUPOD_FRESH_PEAK"

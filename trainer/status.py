@@ -7,8 +7,10 @@ it over SSH and judges health from `state`, `exit_code` and the heartbeat age.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,3 +71,45 @@ def read_status(path: str | os.PathLike) -> TrainerStatus | None:
         return TrainerStatus.from_json(Path(path).read_text())
     except (FileNotFoundError, ValueError):
         return None
+
+
+# States that beat however long they last: a restore of a large checkpoint and a first compile
+# take minutes, bounded by the watcher's startup limit instead of the stall rule.
+_BEATS_WHILE = (JobState.INITIALIZING, JobState.RESTORING, JobState.COMPILING)
+
+
+class Heartbeat:
+    """Thread-safe status file plus a background heartbeat, so long steps never look hung.
+
+    The background beat stops once the training loop has made no progress (no `update` from the
+    main thread) for `stall_seconds`: a deadlocked step then shows a stale heartbeat, as ops expects.
+    """
+
+    def __init__(self, path, process_id: int, interval: float, stall_seconds: float = 600.0):
+        self._file = StatusFile(path, process_id)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._progress = time.time()
+        self._stall = stall_seconds
+        self._thread = threading.Thread(target=self._beat, args=(interval,), daemon=True)
+        self._thread.start()
+
+    @property
+    def status(self):
+        return self._file.status
+
+    def update(self, **changes) -> None:
+        with self._lock:
+            self._progress = time.time()
+            self._file.update(**changes)
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            waiting = self._file.status.state in _BEATS_WHILE
+            if not waiting and time.time() - self._progress > self._stall:
+                continue
+            with self._lock, contextlib.suppress(OSError):
+                self._file.update()
+
+    def stop(self) -> None:
+        self._stop.set()
