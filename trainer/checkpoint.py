@@ -1,5 +1,4 @@
-"""Orbax checkpoints of (train state, every process's grain iterator, run metadata), and
-preemption.
+"""Orbax checkpoints of (train state, every process's grain iterator, run metadata).
 
 One checkpoint is a Composite: `state` (params, optimizer state, step, RNG; restored straight
 into the target shardings), `data` (one grain iterator state file per process) and `meta` (process
@@ -13,8 +12,6 @@ a kill or a stop can no longer fall between the two and leave a committed step u
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections import deque
 
@@ -31,6 +28,7 @@ from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave
 from trainer.tokenizer import identity_of
+from trainer.tree_shapes import leaf_shapes, tree_difference
 
 
 def save_policy(cfg: Config):
@@ -271,60 +269,3 @@ class Checkpoints:
         """Joins the deleter of old steps. Call it after reporting the commit: if the deadline
         kills us here, a pruned step is left half deleted, never the newest one."""
         self.manager.close()
-
-
-def leaf_shapes(tree) -> dict[str, tuple[int, ...]]:
-    """Leaf path ("params/block_0/wi/kernel") -> shape, for a state or Orbax's metadata of one."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {
-        jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-        for path, leaf in leaves
-    }
-
-
-def tree_difference(stored: dict, expected: dict, show: int = 2) -> str:
-    """What differs, briefly: leaves only the checkpoint has, leaves it lacks, other shapes."""
-
-    def some(keys, describe) -> str:
-        keys = sorted(keys, key=lambda k: (not k.startswith("params/"), k))  # params first
-        more = f" and {len(keys) - show} more" if len(keys) > show else ""
-        return ", ".join(describe(k) for k in keys[:show]) + more
-
-    parts = []
-    if extra := stored.keys() - expected.keys():
-        parts.append(f"has {some(extra, str)} that this model lacks")
-    if missing := expected.keys() - stored.keys():
-        parts.append(f"lacks {some(missing, str)}")
-    if reshaped := {k for k in stored.keys() & expected.keys() if stored[k] != expected[k]}:
-        parts.append(
-            "has " + some(reshaped, lambda k: f"{k} {list(stored[k])} (model: {list(expected[k])})")
-        )
-    return "; ".join(parts)
-
-
-class Preemption:
-    """Has every process reached the agreed preemption step?
-
-    Multi-process: JAX's preemption notifier catches SIGTERM after `jax.distributed.initialize`
-    and the sync manager makes all processes answer True at the same step. Single process: no
-    notifier exists, so our own SIGTERM handler raises a flag checked at the next step.
-    """
-
-    def __init__(self, distributed: bool):
-        self.distributed = distributed
-        self._flag = threading.Event()
-        if not distributed:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame) -> None:
-        # A second SIGTERM changes nothing: the save in flight goes on (Orbax commits atomically).
-        self._flag.set()
-
-    def reached(self, step: int, checkpoints: Checkpoints) -> bool:
-        if self.distributed:
-            return checkpoints.manager.reached_preemption(step)
-        return self._flag.is_set()
-
-    @property
-    def noticed(self) -> bool:
-        return self._flag.is_set()

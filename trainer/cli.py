@@ -61,6 +61,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override one config field; repeatable",
     )
+    _contract_flags(p)
+    return p
+
+
+def _contract_flags(p: argparse.ArgumentParser) -> None:
+    """The flags the job contract's environment fills (docs/seams.md, worker -> job)."""
+    env = os.environ.get
     p.add_argument(
         "--coordinator",
         default=env(ENV["coordinator"]),
@@ -103,7 +110,6 @@ def parser() -> argparse.ArgumentParser:
         "without notice loses at most this much work; bounds checkpoint_every_seconds "
         "[$TPUPOD_MAX_LOSS_S; the job's max_loss_minutes]",
     )
-    return p
 
 
 def _init_distributed(args) -> bool:
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     # Cheap checks first, before the heavy imports: bad input fails in well under a second.
     from contract.exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
     from contract.status import JobState
-    from trainer.config import BadInput, bound_loss, explicit_keys, load_config
+    from trainer.config import BadInput, bound_loss, load_config
     from trainer.status import StatusFile
 
     hb = None
@@ -166,38 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             args.status_file, args.process_id or 0, cfg.heartbeat_seconds, cfg.stall_seconds
         )
         hb.update(state=JobState.INITIALIZING)
-        if not args.workdir:
-            raise BadInput("--workdir (or $TPUPOD_WORKDIR, $TPUPOD_RUN_DIR) is required")
-        workdir = storage.normalize(args.workdir)
-        storage.check_writable(workdir, args.process_id or 0)
-        # The heavy imports (jax, flax, optax, orbax, grain) all here, so that `jax_initialized`
-        # times JAX's start-up alone. None of them starts a backend.
-        from trainer import train
-        from trainer.checkpoint import Preemption
-        from trainer.config import with_generation_batch
-        from trainer.peak import generation
-
-        preemption = Preemption(distributed=args.coordinator is not None)
-        t0 = time.perf_counter()
-        distributed = _init_distributed(args)
-        import jax
-
-        backend = jax.default_backend()  # starts the backend (TPU runtime, CPU collectives)
-        if first:
-            events.event(
-                "jax_initialized",
-                seconds=round(time.perf_counter() - t0, 3),
-                backend=backend,
-                distributed=distributed,
-                processes=jax.process_count(),
-                devices=jax.device_count(),
-            )
-        cache = args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
-        cfg = with_generation_batch(cfg, generation(jax.devices()[0]))
-        explicit_vocab = "vocab_size" in explicit_keys(args.config, args.set)
-        return train.run(
-            cfg, workdir, hb, preemption, explicit_vocab, None if cache == "off" else cache
-        )
+        return _start_and_train(args, cfg, hb, first)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if hb is not None:
@@ -216,3 +191,42 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if hb is not None:
             hb.stop()
+
+
+def _start_and_train(args, cfg, hb, first: bool) -> int:
+    """The workdir checked, JAX started (distributed when the contract says so), then the run."""
+    from trainer import storage
+    from trainer.config import BadInput
+
+    if not args.workdir:
+        raise BadInput("--workdir (or $TPUPOD_WORKDIR, $TPUPOD_RUN_DIR) is required")
+    workdir = storage.normalize(args.workdir)
+    storage.check_writable(workdir, args.process_id or 0)
+    # The heavy imports (jax, flax, optax, orbax, grain) all here, so that `jax_initialized`
+    # times JAX's start-up alone. None of them starts a backend.
+    from trainer import train
+    from trainer.config import explicit_keys, with_generation_batch
+    from trainer.peak import generation
+    from trainer.preemption import Preemption
+
+    preemption = Preemption(distributed=args.coordinator is not None)
+    t0 = time.perf_counter()
+    distributed = _init_distributed(args)
+    import jax
+
+    backend = jax.default_backend()  # starts the backend (TPU runtime, CPU collectives)
+    if first:
+        events.event(
+            "jax_initialized",
+            seconds=round(time.perf_counter() - t0, 3),
+            backend=backend,
+            distributed=distributed,
+            processes=jax.process_count(),
+            devices=jax.device_count(),
+        )
+    cache = args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
+    cfg = with_generation_batch(cfg, generation(jax.devices()[0]))
+    explicit_vocab = "vocab_size" in explicit_keys(args.config, args.set)
+    return train.run(
+        cfg, workdir, hb, preemption, explicit_vocab, None if cache == "off" else cache
+    )

@@ -11,9 +11,9 @@ import time
 import jax
 
 from contract.status import JobState
-from trainer.checkpoint import Preemption
 from trainer.model import flops_per_token
 from trainer.peak import peak_flops
+from trainer.preemption import Preemption
 from trainer.sharding import compute_dtype
 from trainer.steps import Run, StepInfo
 

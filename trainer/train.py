@@ -16,9 +16,9 @@ import jax
 from contract.exit_codes import EXIT_DONE, EXIT_PREEMPTED
 from contract.status import JobState
 from trainer import storage
-from trainer.checkpoint import Preemption
 from trainer.config import Config
 from trainer.hooks import Reporter, Saver
+from trainer.preemption import Preemption
 from trainer.sharding import params_fingerprint
 from trainer.status import Heartbeat
 from trainer.steps import Run, prepare, training_steps
