@@ -207,7 +207,8 @@ def _watcher(step: int):
     journal = SimpleNamespace(events=[], event=lambda *a, **k: journal.events.append((a, k)))
     status = JobStatus(step=step, updated=time.time())
     probes = [Probe(0, bootstrap={"state": "ok"}, status=status, alive=True)]
-    return SimpleNamespace(incident=None, since=0.0, journal=journal), probes
+    state = SimpleNamespace(incident=None, since=0.0)
+    return SimpleNamespace(state=state, journal=journal), probes
 
 
 def test_schedule_cycles_kinds_by_steps_and_stops():

@@ -71,7 +71,8 @@ def _watcher(step: int):
     journal = SimpleNamespace(events=[], event=lambda *a, **k: journal.events.append((a, k)))
     probes = [Probe(0, bootstrap={"state": "ok"}, alive=True,
                     status=JobStatus(step=step, updated=time.time()))]  # fmt: skip
-    return SimpleNamespace(incident=None, since=0.0, journal=journal), probes
+    state = SimpleNamespace(incident=None, since=0.0)
+    return SimpleNamespace(state=state, journal=journal), probes
 
 
 def test_a_damage_fault_waits_until_an_older_committed_step_stands_behind_the_newest():
