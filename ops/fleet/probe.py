@@ -47,6 +47,7 @@ class Probe:
     attempt: int | None = None  # the attempt this worker runs (job.attempt)
     now: float = 0.0
     progress_age: float = 0.0  # seconds since the slice's progress last changed (watcher)
+    step_limit: float | None = None  # the step clock's hang limit (ops.watch.step_clock), if any
 
     @property
     def bootstrap_state(self) -> str | None:

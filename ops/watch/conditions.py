@@ -159,11 +159,14 @@ def judge_worker(
     if age is not None and age > limits.hang:
         return Verdict(WorkerCondition.HUNG, f"{w} heartbeat {age:.0f}s old (> {limits.hang:.0f}s)")
     stalled, limit = probe.progress_age, limits.progress_limit(status.state)
+    clocked = probe.step_limit is not None and status.state == "training"
+    if clocked and probe.step_limit < limit:  # the step clock sharpens the stall limit
+        limit, why = probe.step_limit, " by the step clock"
+    else:
+        why = ""
     if stalled > limit:
-        return Verdict(
-            WorkerCondition.HUNG,
-            f"{w} {status.state} at step {status.step} for {stalled:.0f}s (> {limit:.0f}s)",
-        )
+        return Verdict(WorkerCondition.HUNG, f"{w} {status.state} at step {status.step} for "
+                       f"{stalled:.0f}s (> {limit:.0f}s{why})")  # fmt: skip
     return Verdict(WorkerCondition.RUNNING, f"{w} {status.state} step {status.step}")
 
 

@@ -18,10 +18,10 @@ from ops.watch.transitions import Phase
 PROFILES: dict[str, dict[str, float]] = {
     "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
                 grace=60.0, capacity=60.0, quota=300.0, patience=1800.0, failed_repair=300.0,
-                unknown_state=600.0, spot_maintenance=600.0),
+                unknown_state=600.0, spot_maintenance=600.0, step_floor=60.0),
     "local": dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
                   capacity=2.0, quota=2.0, patience=3.0, failed_repair=10.0, unknown_state=20.0,
-                  spot_maintenance=60.0),
+                  spot_maintenance=60.0, step_floor=10.0),
 }  # fmt: skip
 GCP = PROFILES["gcp"]
 
@@ -45,6 +45,10 @@ class Limits:
     # A spot node's maintenance (health UNHEALTHY_MAINTENANCE) from its start: past it the node
     # counts as lost and is recreated (GCE ends spot VMs for host maintenance).
     spot_maintenance: float = GCP["spot_maintenance"]
+    # The step clock (ops.watch.step_clock): a training job with no new step for `step_clock`
+    # times its recent median gap between steps is hung, never sooner than `step_floor`.
+    step_clock: float = 10.0
+    step_floor: float = GCP["step_floor"]
 
     def progress_limit(self, state: str) -> float:
         """How long a state may last without a new step before it counts as a hang."""
@@ -139,6 +143,7 @@ def config_for(
         failed_repair=d["failed_repair"],
         unknown_state=d["unknown_state"],
         spot_maintenance=d["spot_maintenance"],
+        step_floor=d["step_floor"],
     )
     max_failures, backoff_s = given.get("max_failures"), given.get("backoff")
     return WatchConfig(

@@ -11,6 +11,7 @@ from ops.fleet.job_status import JobRules
 from ops.fleet.probe import Probe
 from ops.watch.incident import Incident, WatchState
 from ops.watch.journal import Journal
+from ops.watch.step_clock import StepClock
 
 # The run's newest step goes to the journal at most this often (one bucket write each): the
 # samples `tpupod goodput` takes its step time from (ops.watch.goodput).
@@ -19,16 +20,18 @@ PROGRESS_EVERY_S = 60.0
 
 class Progress:
     def __init__(self, state: WatchState, journal: Journal, rules: JobRules,
-                 every: float = PROGRESS_EVERY_S):  # fmt: skip
+                 every: float = PROGRESS_EVERY_S, clock: StepClock | None = None):  # fmt: skip
         self.state, self.journal, self.rules = state, journal, rules
+        self.clock = clock  # the step clock (hang detection), if the watch keeps one
         self.every, self._said = every, (0.0, -1)  # (when, step) of the last `progress` event
         self._marks: dict[int, tuple] = {}  # worker -> ((state, step, pid), when it last changed)
         self._fallbacks_seen: set[tuple[int, int | None]] = set()
 
-    def track(self, probes: list[Probe]) -> None:
+    def track(self, probes: list[Probe], now: float | None = None) -> None:
         """Progress is the slice's: the age of the newest change of any worker's (state, step)
-        (often only process 0 reports, and one stalled worker stalls them all)."""
-        st, now = self.state, time.time()
+        (often only process 0 reports, and one stalled worker stalls them all), and the step
+        clock's limit from the slice's newest step."""
+        st, now = self.state, time.time() if now is None else now
         ages = []
         for p in probes:
             s = p.current(st.since)
@@ -38,8 +41,9 @@ class Progress:
                 self._marks[p.index] = last = (mark, now)
             if s is not None:
                 ages.append(now - last[1])
+        limit = self._clock(probes, now)
         for p in probes:
-            p.progress_age = min(ages, default=0.0)
+            p.progress_age, p.step_limit = min(ages, default=0.0), limit
             if p.attempt is not None:
                 st.attempt = max(st.attempt, p.attempt)
             if (s := p.current(st.since)) is not None:
@@ -49,6 +53,13 @@ class Progress:
         self._journal_progress(now)
         if st.incident is not None and not st.incident.phases:
             st.incident.step = max(st.incident.step, st.last_step)  # steps until it died
+
+    def _clock(self, probes: list[Probe], now: float) -> float | None:
+        if self.clock is None:
+            return None
+        steps = [s.step for p in probes if (s := p.current(self.state.since))]
+        self.clock.observe(max(steps, default=None), now, self.state.since)
+        return self.clock.limit()
 
     def committed(self, step: int | None) -> None:
         """A committed step newer than any seen before is progress: it ends a streak of failure

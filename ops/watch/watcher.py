@@ -42,6 +42,7 @@ from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.journal import Journal
 from ops.watch.observe import OBSERVERS
 from ops.watch.progress import Progress
+from ops.watch.step_clock import StepClock
 from ops.watch.transitions import (
     OPENS,
     WAITS_FOR,
@@ -86,16 +87,15 @@ class Watcher:
         zone = inc.zone if inc is not None and inc.open and inc.zone else self.state.zone
         if zone in provider.zones:
             provider.move_to(zone)  # where the slice was (a recreate under way goes on there)
-        self.progress = Progress(self.state, journal, self.rules)
+        clock = StepClock(self.config.limits.step_clock, self.config.limits.step_floor)
+        self.progress = Progress(self.state, journal, self.rules, clock=clock)
         self.first_seen: dict[str, float] = {}
         self.group: WorkerGroup | None = None
         self._endpoints: tuple = ()
         self.provider_errors = 0
         self.probes: list[Probe] = []
         self._saved: dict | None = None
-        self.guard: Callable[[], None] | None = (
-            None  # each poll: e.g. renew the lease (ops.watch.lease)
-        )
+        self.guard: Callable[[], None] | None = None  # each poll: renew the lease (ops.watch.lease)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> int:

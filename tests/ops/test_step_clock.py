@@ -1,0 +1,81 @@
+"""Hangs told by the step clock (issue 50, item 2): a job that stepped every ~0.5 s and stops is
+hung after max(floor, 10 x its median gap), not after the stall limit; a slow step, a save and
+a fresh start are not hangs (the negative controls)."""
+
+from __future__ import annotations
+
+from contract.status import JobStatus
+from ops.fleet.job_status import JobRules
+from ops.fleet.probe import Probe
+from ops.watch.conditions import WorkerCondition, judge_worker
+from ops.watch.deadlines import Limits
+from ops.watch.incident import WatchState
+from ops.watch.journal import Journal
+from ops.watch.progress import Progress
+from ops.watch.step_clock import StepClock
+
+LIMITS = Limits(hang=30, start=300, stall=100)
+SINCE = 1000.0
+
+
+def stepping(clock: StepClock, gaps: list[float], start: float = SINCE) -> float:
+    """Steps 1, 2, ... reported `gaps` seconds apart; the time of the last one."""
+    now, step = start, 0
+    clock.observe(step, now, SINCE)
+    for gap in gaps:
+        now, step = now + gap, step + 1
+        clock.observe(step, now, SINCE)
+    return now
+
+
+def test_the_limit_is_a_multiple_of_the_median_gap_with_a_floor():
+    clock = StepClock(10.0, 3.0)
+    stepping(clock, [0.5, 0.5])
+    assert clock.limit() is None  # two gaps: not trusted yet (the first include compilation)
+    stepping(clock, [0.5, 0.5, 0.5, 9.0])  # one long gap (a save) does not move the median
+    assert clock.limit() == 5.0
+    fast = StepClock(10.0, 3.0)
+    stepping(fast, [0.1] * 5)
+    assert fast.limit() == 3.0  # the floor
+
+
+def test_a_restart_starts_the_clock_afresh():
+    clock = StepClock(10.0, 3.0)
+    stepping(clock, [0.5] * 5)
+    clock.observe(3, 2000.0, SINCE + 500)  # the job started again (watch's since moved)
+    assert clock.limit() is None
+
+
+def status_probe(step: int, state: str, now: float) -> Probe:
+    return Probe(0, bootstrap={"state": "ok"}, now=now, alive=True,
+                 status=JobStatus(step=step, state=state, updated=now, heartbeat=now))  # fmt: skip
+
+
+def judged_after(silence: float, state: str = "training", gaps=(0.5,) * 6) -> WorkerCondition:
+    """The job steps `gaps` apart through Progress (as the watcher tracks it), then reports
+    nothing new for `silence` seconds while saying `state`."""
+    progress = Progress(WatchState(since=SINCE), Journal(None), JobRules(),
+                        clock=StepClock(LIMITS.step_clock, 3.0))  # fmt: skip
+    now, step = SINCE, 0
+    for gap in gaps:
+        now, step = now + gap, step + 1
+        progress.track([status_probe(step, "training", now)], now=now)
+    quiet = status_probe(step, state, now)
+    progress.track([quiet], now=now)
+    later = status_probe(step, state, now)
+    later.now = now + silence
+    progress.track([later], now=now + silence)
+    return judge_worker(later, SINCE, LIMITS, JobRules(), False).condition
+
+
+def test_a_job_that_stops_stepping_is_hung_by_the_clock_long_before_the_stall_limit():
+    assert judged_after(6.0) is WorkerCondition.HUNG  # 10 x 0.5 s = 5 s; the stall limit: 100 s
+    assert judged_after(4.0) is WorkerCondition.RUNNING
+
+
+def test_a_slow_job_a_save_and_no_clock_are_not_hangs():
+    """Negative controls: the same silence is no hang for a job whose steps take 2 s, for a
+    job that says it is saving (its stall limit applies), or before the clock is trusted."""
+    assert judged_after(6.0, gaps=(2.0,) * 6) is WorkerCondition.RUNNING
+    assert judged_after(6.0, state="saving") is WorkerCondition.RUNNING
+    assert judged_after(6.0, gaps=(0.5, 0.5)) is WorkerCondition.RUNNING
