@@ -42,6 +42,7 @@ def delete(w: WatcherApi, inc: Incident, detail: str) -> Then | None:
 def create(w: WatcherApi, inc: Incident, detail: str) -> Then | None:
     inc.operation = None
     inc.zone = w.provider.zone
+    inc.node_state, inc.node_since = None, 0.0  # the next node's states are its own
     if w.provider.queued:
         capacity.sweep(w, inc)
     beside = any(z != w.provider.zone for z in inc.queued_zones)  # a request waits elsewhere

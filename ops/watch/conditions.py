@@ -159,7 +159,9 @@ def judge_worker(
     if age is not None and age > limits.hang:
         return Verdict(WorkerCondition.HUNG, f"{w} heartbeat {age:.0f}s old (> {limits.hang:.0f}s)")
     stalled, limit = probe.progress_age, limits.progress_limit(status.state)
-    clocked = probe.step_limit is not None and status.state == "training"
+    # Only a writer that names its states and keeps a heartbeat (the built-in trainer) can say
+    # it is saving or evaluating; a job that reports steps alone keeps the stall limit.
+    clocked = probe.step_limit is not None and status.state == "training" and status.heartbeat
     if clocked and probe.step_limit < limit:  # the step clock sharpens the stall limit
         limit, why = probe.step_limit, " by the step clock"
     else:

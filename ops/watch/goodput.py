@@ -55,9 +55,22 @@ def step_seconds(records: list[dict]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
+def last_run(records: list[dict]) -> list[dict]:
+    """The records of the stack's newest run: a stack's journal holds every run watched on it,
+    each ended by `done` (a watcher restarted within a run says `watching` again, not `done`)."""
+    ends = [i for i, r in enumerate(records) if r.get("event") == "done"]
+    if not ends:
+        return records
+    if ends[-1] < len(records) - 1 and any(r.get("event") == "watching"
+                                           for r in records[ends[-1] + 1 :]):  # fmt: skip
+        return records[ends[-1] + 1 :]  # a newer run under way
+    return records[ends[-2] + 1 : ends[-1] + 1] if len(ends) > 1 else records[: ends[-1] + 1]
+
+
 def measure(records: list[dict], now: float) -> Goodput:
-    """The run's goodput from its journal records (oldest first); `now` ends an unfinished run."""
-    timed = [r for r in records if isinstance(r.get("time"), int | float)]
+    """The newest run's goodput from the journal's records (oldest first); `now` ends a run
+    still under way. Productive work is the steps made while watched (from the first sample)."""
+    timed = [r for r in last_run(records) if isinstance(r.get("time"), int | float)]
     if not timed:
         return Goodput(0.0, 0, None, dict.fromkeys(CATEGORIES, 0.0))
     start = next((r["time"] for r in timed if r.get("event") == "watching"), timed[0]["time"])
@@ -67,6 +80,7 @@ def measure(records: list[dict], now: float) -> Goodput:
     steps = [r["step"] for r in timed if r.get("event") in ("progress", "done")
              and isinstance(r.get("step"), int)]  # fmt: skip
     final = steps[-1] if steps else 0
+    first = steps[0] if steps else 0  # a watch that began mid-run counts from there
     step_s = step_seconds(timed)
     recovery, lost_steps, opened, incidents = 0.0, 0, None, 0
     for r in timed:
@@ -81,7 +95,7 @@ def measure(records: list[dict], now: float) -> Goodput:
     # Recovery is measured (time stamps); the two step-time estimates get what is left, in turn.
     recovery = min(recovery, wall)
     wasted = min(lost_steps * (step_s or 0.0), wall - recovery)
-    productive = min(final * (step_s or 0.0), wall - recovery - wasted)
+    productive = min((final - first) * (step_s or 0.0), wall - recovery - wasted)
     seconds = {"productive": productive, "infrastructure recovery": recovery,
                "wasted progress": wasted, "other": wall - recovery - wasted - productive}  # fmt: skip
     return Goodput(wall, final, step_s, seconds, incidents, done is not None)

@@ -31,7 +31,8 @@ class StepClock:
             self._last, self._since = None, since
         if step is None:
             return
-        if self._last is None or step < self._last[0]:
+        if self._last is None or step < self._last[0]:  # a restart (tpupod restart, rollout)
+            self._gaps.clear()
             self._last = (step, now)
         elif step > self._last[0]:
             self._gaps.append(now - self._last[1])

@@ -16,7 +16,6 @@ internal error (an exception: the watcher's service restarts it), 2 bad input (t
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -174,7 +173,7 @@ class Watcher:
         if seen is None:  # the TPU API did not answer: the same observation next poll
             return
         event, detail = seen
-        if event is Event.DEADLINE and math.isfinite(deadline):  # else the observer's own limit
+        if event is Event.DEADLINE and waited > deadline:  # else the observer's own limit
             detail = f"{inc.phase} for {waited:.0f}s (deadline {deadline:.0f}s)"
         self.on(event, detail)
 

@@ -84,3 +84,21 @@ def test_a_missing_journal_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["goodput", "--journal", str(tmp_path / "nope.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such file" in err[0], err
+
+
+def test_a_stacks_journal_of_two_runs_measures_the_newest():
+    """The bucket keeps one journal per stack: a second run follows the first's `done`."""
+    first = run_journal()
+    second = [{**r, "time": r["time"] + 1000.0} for r in run_journal()]
+    second[-1] = {**second[-1], "step": 200}
+    result = measure(first + second, now=1e9)
+    assert result.wall_s == 470.0 and result.incidents == 1
+    running = first + second[:5]  # the second run still under way at t=1300
+    assert measure(running, now=1300.0).wall_s == 300.0
+
+
+def test_a_watch_that_began_mid_run_counts_the_steps_it_saw():
+    journal = [{"time": 0.0, "event": "watching"}]
+    journal += [{"time": 2.0 * s, "event": "progress", "step": 100 + s} for s in (0, 10, 20, 30)]
+    journal.append({"time": 60.0, "event": "done", "step": 130})
+    assert measure(journal, now=1e9).seconds["productive"] == 60.0  # 30 steps, not 130

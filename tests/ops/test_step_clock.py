@@ -79,3 +79,23 @@ def test_a_slow_job_a_save_and_no_clock_are_not_hangs():
     assert judged_after(6.0, gaps=(2.0,) * 6) is WorkerCondition.RUNNING
     assert judged_after(6.0, state="saving") is WorkerCondition.RUNNING
     assert judged_after(6.0, gaps=(0.5, 0.5)) is WorkerCondition.RUNNING
+
+
+def test_a_job_that_reports_steps_alone_keeps_the_stall_limit():
+    """Negative control: a writer without a heartbeat (tpupod_job.progress, a progress regex)
+    cannot say it is saving or evaluating, so its pauses keep the stall limit."""
+    probe = Probe(0, bootstrap={"state": "ok"}, now=SINCE + 10, alive=True,
+                  status=JobStatus(step=5, state="training", updated=SINCE))  # fmt: skip
+    probe.progress_age, probe.step_limit = 10.0, 3.0
+    assert judge_worker(probe, SINCE, LIMITS, JobRules(), False).condition is (
+        WorkerCondition.RUNNING
+    )
+    probe.status.heartbeat = SINCE + 10
+    assert judge_worker(probe, SINCE, LIMITS, JobRules(), False).condition is WorkerCondition.HUNG
+
+
+def test_a_step_going_backwards_starts_the_clock_afresh():
+    clock = StepClock(10.0, 3.0)
+    now = stepping(clock, [0.5] * 5)
+    clock.observe(2, now + 1, SINCE)  # `tpupod restart`: the job resumed from an older step
+    assert clock.limit() is None
