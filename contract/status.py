@@ -1,5 +1,6 @@
 """The status file (`$TPUPOD_STATUS_FILE`), the job -> ops seam, defined once: the states a job
-may name, and the file as the watcher reads it.
+may name, the fields a writer fills (StatusReport), and the file as the watcher reads it
+(JobStatus: the same fields, read permissively).
 
 Read permissively, since many writers fill it: the built-in trainer (every field, a heartbeat
 from a thread: trainer/status.py writes these names), `tpupod_job.progress()` (`step`, `time`,
@@ -10,7 +11,7 @@ writes JSON with at least `step`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -35,11 +36,12 @@ RESUMED_STATES = (JobState.TRAINING, JobState.SAVING, JobState.DONE)
 
 
 @dataclass
-class JobStatus:
-    step: int
-    state: str = "training"
-    updated: float = 0.0  # when the writer last wrote: heartbeat, else `time`, else the mtime
-    heartbeat: float | None = None  # a beat its writer keeps up between steps (the trainer's)
+class StatusReport:
+    """The status file's fields as a writer that names every one writes them (the built-in
+    trainer: trainer.status.StatusFile); any other job may write a subset with at least `step`."""
+
+    state: str = JobState.INITIALIZING
+    step: int = 0
     loss: float | None = None
     tokens_per_s: float | None = None
     last_checkpoint: int | None = None
@@ -47,9 +49,21 @@ class JobStatus:
     compile_cache_hit: bool | None = None
     exit_code: int | None = None
     message: str | None = None
+    # Committed steps this start could not read and set aside: {step, restored, moved_to, line}
+    # (the watcher journals them once per process; `message` says the same to a person).
+    fallbacks: list[dict] = field(default_factory=list)
+    process_id: int = 0
     pid: int | None = None
+    heartbeat: float | None = None  # a beat its writer keeps up between steps (the trainer's)
+
+
+@dataclass
+class JobStatus(StatusReport):
+    """The status file as the watcher reads it (parse_status): what any writer put there."""
+
+    state: str = JobState.TRAINING  # a job that names no state is training
+    updated: float = 0.0  # when the writer last wrote: heartbeat, else `time`, else the mtime
     attempt: int | None = None
-    fallbacks: tuple[dict, ...] = ()  # committed steps the job could not read and set aside
 
 
 def parse_status(text: str, mtime: float | None = None) -> JobStatus | None:
@@ -85,8 +99,8 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _records(value) -> tuple[dict, ...]:
-    return tuple(v for v in value if isinstance(v, dict)) if isinstance(value, list) else ()
+def _records(value) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _integer(value) -> int | None:

@@ -12,39 +12,10 @@ import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from contract.status import JobState
-
-
-@dataclass
-class TrainerStatus:
-    state: JobState = JobState.INITIALIZING
-    step: int = 0
-    loss: float | None = None
-    tokens_per_s: float | None = None
-    last_checkpoint: int | None = None
-    restored_from: int | None = None
-    compile_cache_hit: bool | None = None
-    exit_code: int | None = None
-    message: str | None = None
-    # Committed steps this start could not read and set aside: {step, restored, moved_to, line}
-    # (the watcher journals them; `message` says the same to a person).
-    fallbacks: list[dict] = field(default_factory=list)
-    process_id: int = 0
-    pid: int = field(default_factory=os.getpid)
-    heartbeat: float = field(default_factory=time.time)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> TrainerStatus:
-        raw = json.loads(text)
-        known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__}
-        known["state"] = JobState(known.get("state", JobState.INITIALIZING))
-        return cls(**known)
+from contract.status import STARTING_STATES, JobState, StatusReport
 
 
 class StatusFile:
@@ -52,30 +23,34 @@ class StatusFile:
 
     def __init__(self, path: str | os.PathLike | None, process_id: int = 0):
         self.path = Path(path) if path else None
-        self.status = TrainerStatus(process_id=process_id)
+        self.status = StatusReport(process_id=process_id, pid=os.getpid(), heartbeat=time.time())
 
-    def update(self, **changes) -> TrainerStatus:
+    def update(self, **changes) -> StatusReport:
         for key, value in changes.items():
             setattr(self.status, key, value)
         self.status.heartbeat = time.time()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(self.status.to_json())
+            tmp.write_text(json.dumps(asdict(self.status), sort_keys=True))
             os.replace(tmp, self.path)
         return self.status
 
 
-def read_status(path: str | os.PathLike) -> TrainerStatus | None:
+def read_status(path: str | os.PathLike) -> StatusReport | None:
+    """A status file as this trainer wrote it (tests and tools read their own runs with it)."""
     try:
-        return TrainerStatus.from_json(Path(path).read_text())
+        raw = json.loads(Path(path).read_text())
+        known = {k: v for k, v in raw.items() if k in StatusReport.__dataclass_fields__}
+        known["state"] = JobState(known.get("state", JobState.INITIALIZING))
+        return StatusReport(**known)
     except (FileNotFoundError, ValueError):
         return None
 
 
-# States that beat however long they last: a restore of a large checkpoint and a first compile
-# take minutes, bounded by the watcher's startup limit instead of the stall rule.
-_BEATS_WHILE = (JobState.INITIALIZING, JobState.RESTORING, JobState.COMPILING)
+# The states that beat however long they last are the starting ones: a restore of a large
+# checkpoint and a first compile take minutes, bounded by the watcher's startup limit instead of
+# the stall rule.
 
 
 class Heartbeat:
@@ -105,7 +80,7 @@ class Heartbeat:
 
     def _beat(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            waiting = self._file.status.state in _BEATS_WHILE
+            waiting = self._file.status.state in STARTING_STATES
             if not waiting and time.time() - self._progress > self._stall:
                 continue
             with self._lock, contextlib.suppress(OSError):
