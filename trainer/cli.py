@@ -112,25 +112,23 @@ def _contract_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _init_distributed(args) -> bool:
-    import jax
+def _start_jax(args) -> bool:
+    """JAX started as any job starts it, through tpupod_job.init: the flags become the contract's
+    variables it reads. Distributed whenever a coordinator is named (even one process); JAX's
+    own cache stays off (trainer/compile_cache.py keeps the compiled step). Returns whether
+    jax.distributed started."""
+    import tpupod_job
 
-    multi = [args.coordinator, args.num_processes, args.process_id]
-    if all(v is None for v in multi):
-        return False
-    if any(v is None for v in multi):
+    multi = {"coordinator": args.coordinator, "num_processes": args.num_processes,
+             "process_id": args.process_id}  # fmt: skip
+    if any(v is None for v in multi.values()) and any(v is not None for v in multi.values()):
         from trainer.config import BadInput
 
         raise BadInput("--coordinator, --num-processes and --process-id go together")
-    # CPU collectives across processes need gloo; the setting does nothing on TPU/GPU.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=args.coordinator,
-        num_processes=args.num_processes,
-        process_id=args.process_id,
-        initialization_timeout=args.init_timeout,
-    )
-    return True
+    distributed = args.coordinator is not None
+    if distributed:
+        os.environ.update({ENV[k]: str(v) for k, v in multi.items()})
+    return tpupod_job.init(args.init_timeout, distributed=distributed, jax_cache=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,11 +205,9 @@ def _start_and_train(args, cfg, hb, first: bool) -> int:
     from trainer import train
     from trainer.config import explicit_keys, with_generation_batch
     from trainer.peak import generation
-    from trainer.preemption import Preemption
 
-    preemption = Preemption(distributed=args.coordinator is not None)
     t0 = time.perf_counter()
-    distributed = _init_distributed(args)
+    distributed = _start_jax(args)
     import jax
 
     backend = jax.default_backend()  # starts the backend (TPU runtime, CPU collectives)
@@ -227,6 +223,4 @@ def _start_and_train(args, cfg, hb, first: bool) -> int:
     cache = args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
     cfg = with_generation_batch(cfg, generation(jax.devices()[0]))
     explicit_vocab = "vocab_size" in explicit_keys(args.config, args.set)
-    return train.run(
-        cfg, workdir, hb, preemption, explicit_vocab, None if cache == "off" else cache
-    )
+    return train.run(cfg, workdir, hb, explicit_vocab, None if cache == "off" else cache)

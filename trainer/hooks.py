@@ -1,7 +1,7 @@
 """What happens around each step, kept out of the loop (nanodo's style): the report (metrics read
 one step late, so the host never stalls the device; the peak probed after the first step) and
 the save (on the checkpoint policy, and at the step every process agrees on after a preemption
-notice)."""
+notice, asked of tpupod_job as any job asks it)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 import time
 
 import jax
+import tpupod_job
 
 from contract.status import JobState
 from trainer.model import flops_per_token
 from trainer.peak import peak_flops
-from trainer.preemption import Preemption
 from trainer.sharding import compute_dtype
 from trainer.steps import Run, StepInfo
 
@@ -80,8 +80,8 @@ class Saver:
     the loop whatever the policy, so the loop's time is the same work with checkpoints and
     without), and at the preemption step, which ends the loop."""
 
-    def __init__(self, run: Run, preemption: Preemption):
-        self.run, self.preemption = run, preemption
+    def __init__(self, run: Run):
+        self.run = run
         self.preempted = False
         self.started = 0.0  # when the last save began (a preemption's: its save_s)
         self._said_behind = False
@@ -89,7 +89,7 @@ class Saver:
     def after_step(self, step: int) -> bool:
         """True when the loop must end: the preemption save is under way."""
         run, cfg, checkpoints = self.run, self.run.cfg, self.run.checkpoints
-        self.preempted = self.preemption.reached(step, checkpoints)
+        self.preempted = tpupod_job.should_stop(step)  # the step every process agrees on
         if not (self.preempted or (step < cfg.steps and checkpoints.should_save(step))):
             return False
         run.hb.update(state=JobState.SAVING, step=step)

@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import tpupod_job
+
 from contract.status import STARTING_STATES, JobState, StatusReport
 
 
@@ -29,11 +31,8 @@ class StatusFile:
         for key, value in changes.items():
             setattr(self.status, key, value)
         self.status.heartbeat = time.time()
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(asdict(self.status), sort_keys=True))
-            os.replace(tmp, self.path)
+        if self.path is not None:  # written as any job writes it: tpupod_job's atomic writer
+            tpupod_job.write_status(asdict(self.status), self.path)
         return self.status
 
 

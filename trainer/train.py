@@ -18,7 +18,6 @@ from contract.status import JobState
 from trainer import storage
 from trainer.config import Config
 from trainer.hooks import Reporter, Saver
-from trainer.preemption import Preemption
 from trainer.sharding import params_fingerprint
 from trainer.status import Heartbeat
 from trainer.steps import Run, prepare, training_steps
@@ -28,13 +27,12 @@ def run(
     cfg: Config,
     workdir: str,
     hb: Heartbeat,
-    preemption: Preemption,
     explicit_vocab: bool = False,
     compile_cache: str | None = None,
 ) -> int:
     t_start = time.time()
     prepared = prepare(cfg, workdir, hb, explicit_vocab, compile_cache)
-    reporter, saver = Reporter(prepared), Saver(prepared, preemption)
+    reporter, saver = Reporter(prepared), Saver(prepared)
     hb.update(state=JobState.TRAINING, compile_cache_hit=prepared.cache_hit)
     reporter.last_report = (prepared.step, time.perf_counter())
     t_loop = time.perf_counter()

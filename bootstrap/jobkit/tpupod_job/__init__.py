@@ -22,6 +22,7 @@ trainer/compile_cache.py); there `init` leaves JAX's cache off.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ import time
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the job's default `exit_codes.preempted`
 _term = threading.Event()
 _initialized = False
+_distributed = False  # what `init` decided: `should_stop` then asks JAX's sync point
 _restored_from: int | None = None  # the step the manager found at start (0: none), if one made
 
 
@@ -57,18 +59,27 @@ def checkpoint_dir() -> str:
         ) from None
 
 
-def init(timeout_s: int = 1800) -> None:
+def init(timeout_s: int = 1800, *, distributed: bool | None = None, jax_cache: bool = True) -> bool:
     """`jax.distributed.initialize` with the contract's coordinator, process count and id (a TPU
     VM could detect them itself; a CPU host cannot), once; one process needs none. After it,
-    JAX's preemption notifier catches SIGTERM, so `should_stop` agrees on a step everywhere."""
-    global _initialized
+    JAX's preemption notifier catches SIGTERM, so `should_stop` agrees on a step everywhere.
+    Returns whether jax.distributed is initialised.
+
+    `distributed=True` initialises even one process (the built-in trainer does whenever it has a
+    coordinator); `jax_cache=False` leaves JAX's persistent cache off, for a program that keeps
+    its compiled programs itself (the built-in trainer)."""
+    global _initialized, _distributed
     if _initialized:
-        return
+        return _distributed
     import jax
 
     count = num_processes()
-    if count > 1:
-        if "cpu" in os.environ.get("JAX_PLATFORMS", ""):
+    if distributed is None:
+        distributed = count > 1
+    if distributed:
+        # CPU collectives across processes need gloo (nothing changes on TPU or GPU); a JAX
+        # too old to name the setting has no other.
+        with contextlib.suppress(AttributeError, ValueError):
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
@@ -79,9 +90,10 @@ def init(timeout_s: int = 1800) -> None:
     else:
         signal.signal(signal.SIGTERM, lambda *_: _term.set())
     cache = os.environ.get("TPUPOD_COMPILE_CACHE")
-    if cache and cache != "off" and (count == 1 or jax.default_backend() != "cpu"):
+    if jax_cache and cache and cache != "off" and (count == 1 or jax.default_backend() != "cpu"):
         jax.config.update("jax_compilation_cache_dir", cache.rstrip("/") + "/jax")
-    _initialized = True
+    _initialized, _distributed = True, distributed
+    return distributed
 
 
 def checkpoint_manager(directory: str | None = None, *, save_interval_steps: int | None = None,
@@ -115,24 +127,34 @@ def progress(step: int, **metrics: float) -> None:
     """This process reached `step`: written to `$TPUPOD_STATUS_FILE` (what the watcher judges
     hangs by, with the step the run resumed from when `checkpoint_manager` made the manager); a
     no-op outside tpupod."""
-    status = os.environ.get("TPUPOD_STATUS_FILE")
-    if not status:
-        return
     doc = {"state": "training", "step": int(step), "time": time.time(), "pid": os.getpid(),
            "process_id": process_id(), "attempt": attempt()}  # fmt: skip
     if _restored_from is not None:
         doc["restored_from"] = _restored_from
     doc.update({k: float(v) for k, v in metrics.items()})
-    tmp = f"{status}.{os.getpid()}.tmp"
+    write_status(doc)
+
+
+def write_status(doc: dict, path: str | os.PathLike | None = None) -> None:
+    """Replaces the status file (`path`, else `$TPUPOD_STATUS_FILE`; neither: a no-op) with `doc`
+    as JSON, atomically (tmp + rename): a reader never sees half a file. For a program that
+    reports more than `progress` does (the built-in trainer: its state, heartbeat, checkpoint)."""
+    path = path or os.environ.get("TPUPOD_STATUS_FILE")
+    if not path:
+        return
+    directory, name = os.path.split(os.fspath(path))
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.replace(tmp, status)
+        f.write(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def should_stop(step: int) -> bool:
     """True at the step every process stops at after a preemption notice (SIGTERM): save it,
     then `exit_preempted`. Call it at every step, on every process."""
-    if num_processes() > 1:
+    if _distributed if _initialized else num_processes() > 1:
         from jax.experimental import multihost_utils
 
         return multihost_utils.reached_preemption_sync_point(step)
