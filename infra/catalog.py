@@ -20,6 +20,28 @@ from dataclasses import dataclass
 MULTI_HOST_CHIPS_PER_HOST = 4
 
 
+# The two ways Google makes a slice: the Cloud TPU API (a `Node`, gcp.tpu.V2Vm) and Compute
+# Engine (a managed instance group of TPU VMs under a workload policy). Google's TPU docs: "The
+# Cloud TPU API is no longer under active development ... New hardware generations starting
+# with TPU7x (Ironwood) are supported only through Compute Engine or GKE"
+# (https://docs.cloud.google.com/tpu/docs/tpus-in-compute-engine); Compute Engine offers TPU7x,
+# v6e and v5p, not v5e or v4 (https://docs.cloud.google.com/compute/docs/tpus/tpu-machines).
+TPU_API, COMPUTE = "tpu", "compute"
+APIS = (TPU_API, COMPUTE)
+
+
+@dataclass(frozen=True)
+class ComputeOffer:
+    """How Compute Engine offers a generation's multi-host slices: one 4-chip machine type per
+    VM, the boot image family, and per slice size (chips) the topology the workload policy
+    names (`workloadPolicy.acceleratorTopology`)."""
+
+    machine_type: str
+    image: str  # projects/P/global/images/family/F: the boot disk's source image
+    topologies: dict[int, str]  # chips -> topology, the multi-host sizes offered
+    zones: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Generation:
     """One TPU generation and how its accelerator type strings are built."""
@@ -33,6 +55,13 @@ class Generation:
     zones: tuple[str, ...]
     secure_boot: bool  # the node is declared with shieldedInstanceConfig.enableSecureBoot
     quota: str  # the TPU API's quota name before PerProject..., `{spot}` where spot says so
+    tpu_api: bool = True  # the Cloud TPU API makes it (TPU7x: no)
+    compute: ComputeOffer | None = None  # Compute Engine makes it (v4, v5e: no)
+
+    @property
+    def apis(self) -> tuple[str, ...]:
+        return tuple(api for api, offered in ((TPU_API, self.tpu_api),
+                                              (COMPUTE, self.compute is not None)) if offered)  # fmt: skip
 
 
 # Runtime versions: https://cloud.google.com/tpu/docs/runtimes ("PyTorch and JAX" table:
@@ -43,6 +72,18 @@ class Generation:
 #   power-of-two slices); v5p https://cloud.google.com/tpu/docs/v5p (topology table, in cores);
 #   v5e https://cloud.google.com/tpu/docs/v5e (1x1 .. 16x16); v6e https://cloud.google.com/tpu/docs/v6e
 #   (256-chip pod, same 2D shapes as v5e).
+# Compute Engine (https://docs.cloud.google.com/compute/docs/tpus/tpu-machines): TPU7x, v6e and
+# v5p, 4-chip machine types for multi-host slices; the topology string ("4x4", "2x2x2") must
+# match the workload policy's. v6e: "The 8-chip (2x4) configuration attached to 2 VMs is only
+# supported when using the GKE API" (tpu/docs/v6e), so its smallest slice here is 4x4 on 4 VMs.
+# Boot images: the project ubuntu-os-accelerator-images is Google's (tpu/docs/consume-reservation-
+# compute); the family names were read in third-party code (SkyPilot's defaults), not on Google's
+# tpu-os-images page: check them there before a first `pulumi up`. TPU7x zones: the Cloud TPU
+# zones page. Sizes beyond those listed exist; add them after checking.
+ACCEL_IMAGES = "projects/ubuntu-os-accelerator-images/global/images/family"
+CUBE_TOPOLOGIES = {8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8"}
+TPU7X_ZONES = ("us-central1-c", "us-central1-ai1a")
+
 GENERATIONS: dict[str, Generation] = {
     "v4": Generation(
         name="v4",
@@ -77,6 +118,12 @@ GENERATIONS: dict[str, Generation] = {
         zones=("us-central1-a", "us-east5-a"),
         secure_boot=True,
         quota="TPUV5P{spot}",
+        compute=ComputeOffer(
+            machine_type="ct5p-hightpu-4t",
+            image=f"{ACCEL_IMAGES}/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
+            topologies=CUBE_TOPOLOGIES,
+            zones=("us-central1-a", "us-east5-a"),
+        ),
     ),
     "v6e": Generation(
         name="v6e",
@@ -88,6 +135,31 @@ GENERATIONS: dict[str, Generation] = {
         zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
         secure_boot=True,
         quota="TPUV6E{spot}",
+        compute=ComputeOffer(
+            machine_type="ct6e-standard-4t",
+            image=f"{ACCEL_IMAGES}/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
+            # 2x4 on two 4-chip VMs is GKE's alone; on Compute Engine the 8-chip slice is one VM.
+            topologies={16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"},
+            zones=("us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b", "europe-west4-a"),
+        ),
+    ),
+    "tpu7x": Generation(
+        name="tpu7x",
+        api_prefix="tpu7x",
+        cores_per_chip=2,  # tpu7x-16 is 2x2x2: 8 chips on two VMs
+        sizes=(16, 32, 64, 128, 256, 512),  # the multi-host ones (a one-VM tpu7x-8 is not here)
+        single_host_max_chips=4,
+        runtime_version="",  # no Cloud TPU API runtime: Compute Engine boots `compute.image`
+        zones=TPU7X_ZONES,
+        secure_boot=True,
+        quota="",  # the Cloud TPU API's quotas do not apply (tpu_api=False)
+        tpu_api=False,
+        compute=ComputeOffer(
+            machine_type="tpu7x-standard-4t",
+            image=f"{ACCEL_IMAGES}/ubuntu-accel-2404-amd64-tpu-tpu7x",
+            topologies=CUBE_TOPOLOGIES,
+            zones=TPU7X_ZONES,
+        ),
     ),
 }
 
@@ -115,6 +187,7 @@ PREFIX_TO_GENERATION: dict[str, str] = {
     "v5litepod": "v5e",
     "v5p": "v5p",
     "v6e": "v6e",
+    "tpu7x": "tpu7x",
 }
 
 _TYPE_PATTERN = re.compile(r"^(?P<prefix>[a-z0-9]+)-(?P<size>\d+)$")
@@ -146,6 +219,30 @@ class Accelerator:
     @property
     def zones(self) -> tuple[str, ...]:
         return self.generation.zones
+
+    @property
+    def apis(self) -> tuple[str, ...]:
+        """The APIs that make this slice: Compute Engine only for the sizes it lists."""
+        offer = self.generation.compute
+        on_compute = offer is not None and self.chips in offer.topologies
+        return tuple(a for a in self.generation.apis if a != COMPUTE or on_compute)
+
+    @property
+    def default_api(self) -> str:
+        """The TPU API where it makes the slice (today's path, queued resources included),
+        else Compute Engine."""
+        return TPU_API if TPU_API in self.apis else COMPUTE
+
+    @property
+    def topology(self) -> str | None:
+        """The workload policy's acceleratorTopology on Compute Engine; None where it is not
+        offered there."""
+        offer = self.generation.compute
+        return offer.topologies.get(self.chips) if offer and COMPUTE in self.apis else None
+
+    def zones_on(self, api: str) -> tuple[str, ...]:
+        offer = self.generation.compute
+        return offer.zones if api == COMPUTE and offer else self.generation.zones
 
 
 def lookup(accelerator_type: str) -> Accelerator:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from contract import job as jobs
 from contract.metadata import DEFAULT_COORDINATOR_PORT
 from infra import builtin_job, catalog, exposure
+from infra.api_choice import check_api, check_api_offered
 from infra.config_checks import (
     NAMESPACE,
     ConfigError,
@@ -53,6 +54,9 @@ class StackConfig(BaseModel):
     zone: str | None = None
     runtime_version: str | None = Field(default=None, alias="runtimeVersion")
     provisioning: Provisioning = "spot"
+    # Which Google API makes the slice: `tpu` (the Cloud TPU API's node) or `compute` (a
+    # Compute Engine MIG under a workload policy); default: the TPU API where it offers the type.
+    api: str | None = None
     # Recovery: where the slice may be recreated, in order (default: its zone), and how it asks
     # for capacity: a queued resource (Google's recommendation) or nodes.create.
     zones: tuple[str, ...] = ()
@@ -178,6 +182,11 @@ class StackConfig(BaseModel):
     def _one_provisioning_mode(cls, value: Any) -> Any:
         return check_provisioning(value)
 
+    @field_validator("api", mode="before")
+    @classmethod
+    def _one_api(cls, value: Any) -> Any:
+        return None if value is None else check_api(value)
+
     @field_validator("zones", mode="before")
     @classmethod
     def _zone_list(cls, value: Any) -> Any:
@@ -234,13 +243,17 @@ class StackConfig(BaseModel):
     def _keys_fit_together(self) -> StackConfig:
         accelerator = catalog.lookup(self.accelerator_type)
         generation = accelerator.generation.name
-        if self.zone is not None and self.zone not in accelerator.zones:
+        check_api_offered(self.api, accelerator, self.model_fields_set, self)
+        offered = accelerator.zones_on(self.resolved_api)
+        if self.zone is not None and self.zone not in offered:
             raise ConfigError(
                 "zone",
-                f"{self.zone} does not offer {generation}; use one of {', '.join(accelerator.zones)}",
+                f"{self.zone} does not offer {generation}"
+                f"{' on Compute Engine' if self.resolved_api == catalog.COMPUTE else ''}; "
+                f"use one of {', '.join(offered)}",
             )
         object.__setattr__(self, "zones", check_zones(self.zones, self.zone,
-                                                      accelerator.zones, generation))  # fmt: skip
+                                                      offered, generation))  # fmt: skip
         if self.reservation and len(self.zones) > 1:
             raise ConfigError("reservation", "a reservation lives in one zone; list only that "
                               "zone in tpupod:zones, or remove one of the two keys")  # fmt: skip
@@ -280,15 +293,20 @@ class StackConfig(BaseModel):
         return () if self.existing_network else (self.subnet_cidr,)
 
     @property
+    def resolved_api(self) -> str:
+        return self.api or self.accelerator.default_api
+
+    @property
     def resolved_zone(self) -> str:
-        return self.zone or (self.zones or self.accelerator.zones)[0]
+        return self.zone or (self.zones or self.accelerator.zones_on(self.resolved_api))[0]
 
     @property
     def capacity(self) -> dict[str, Any]:
         """How recovery asks for the slice: the node spec's `capacity` (ops.cloud.target.Target)."""
         valid = self.queue_valid_hours
+        direct = self.resolved_api == catalog.COMPUTE  # no queued resources there
         return {
-            "via": self.create_via,
+            "via": "direct" if direct else self.create_via,
             "zones": list(self.zones or (self.resolved_zone,)),
             "valid_for_s": valid * 3600 if valid else None,
             "reservation": self.reservation,

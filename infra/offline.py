@@ -154,9 +154,17 @@ def import_provider_sdk() -> None:
         getattr(module, "__all__", None) or dir(module)
 
 
-def stack_names() -> list[str]:
-    """Every `stacks/Pulumi.<stack>.yaml`, discovered."""
-    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+def stack_names(api: str | None = None) -> list[str]:
+    """Every `stacks/Pulumi.<stack>.yaml`, discovered; with `api`, those whose slice that API
+    makes (tpupod:api, or the catalog's default)."""
+    names = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+    return names if api is None else [n for n in names if stack_api(n) == api]
+
+
+def stack_api(stack: str) -> str:
+    from infra.config import parse, raw_from_config_map
+
+    return parse(raw_from_config_map(stack_config(stack)), stack=stack).resolved_api
 
 
 def stack_config(stack: str, project: str | None = TEST_PROJECT) -> dict[str, str]:

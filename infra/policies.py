@@ -24,6 +24,9 @@ TPU_VM = "gcp:tpu/v2Vm:V2Vm"
 FIREWALL = "gcp:compute/firewall:Firewall"
 BUCKET = "gcp:storage/bucket:Bucket"
 INSTANCE = "gcp:compute/instance:Instance"
+# A Compute Engine slice's VMs (infra/mig_slice.py) are held to a VM's rules through their template.
+TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
+VMS = frozenset({INSTANCE, TEMPLATE})
 SUBNETWORK = policy_cis.SUBNETWORK
 IAM_TYPES = {
     "gcp:projects/iAMMember:IAMMember",
@@ -153,7 +156,7 @@ def no_primitive_roles(resource_type: str, props: Mapping[str, Any], protect: bo
 def not_default_compute_sa(
     resource_type: str, props: Mapping[str, Any], protect: bool
 ) -> list[str]:
-    if resource_type in (TPU_VM, INSTANCE):
+    if resource_type in (TPU_VM, *VMS):
         accounts = props.get("serviceAccount")
         accounts = [accounts] if isinstance(accounts, Mapping) else list(accounts or [])
         emails = [str(a.get("email") or "") for a in accounts]
@@ -219,7 +222,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "tpupod-not-default-compute-sa",
         "Never the default compute service account",
-        frozenset({TPU_VM, INSTANCE} | IAM_TYPES),
+        frozenset({TPU_VM} | VMS | IAM_TYPES),
         not_default_compute_sa,
     ),
     Rule(
@@ -237,13 +240,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "tpupod-no-secrets-in-metadata",
         "No secret-looking keys or values in VM metadata",
-        frozenset({TPU_VM, INSTANCE}),
+        frozenset({TPU_VM} | VMS),
         policy_secrets.no_secrets_in_metadata,
     ),
     Rule(
         "tpupod-os-login",
         "TPU nodes use OS Login and block project-wide SSH keys",
-        frozenset({TPU_VM, INSTANCE}),
+        frozenset({TPU_VM} | VMS),
         policy_cis.os_login,
     ),
     Rule(
@@ -287,14 +290,14 @@ RULES: tuple[Rule, ...] = (
 RULES += (
     Rule(
         "tpupod-vm-no-external-ip",
-        "VMs (the watcher) have no external IP",
-        frozenset({INSTANCE}),
+        "VMs (the watcher, a Compute Engine slice's template) have no external IP",
+        VMS,
         policy_watcher.no_external_ip,
     ),
     Rule(
         "tpupod-vm-secure-boot",
-        "VMs (the watcher) are shielded VMs with secure boot",
-        frozenset({INSTANCE}),
+        "VMs (the watcher, a Compute Engine slice's template) are shielded VMs with secure boot",
+        VMS,
         policy_watcher.shielded_secure_boot,
     ),
     Rule(

@@ -181,6 +181,15 @@ def read_spec(path: Path) -> dict:
 
 
 def check_spec(spec, where: str) -> dict:
+    if isinstance(spec, dict) and spec.get("api") == "compute":
+        manager = spec.get("manager") or {}
+        raise ProviderError(
+            f"{where}: the slice is a Compute Engine managed instance group "
+            f"({manager.get('name')} in {spec.get('zone')}); tpupod's recovery and commands "
+            "drive only the Cloud TPU API so far: list its VMs with `gcloud compute "
+            f"instance-groups managed list-instances {manager.get('name')} --zone "
+            f"{spec.get('zone')}`"
+        )
     if not isinstance(spec, dict) or not all(k in spec for k in ("parent", "node_id", "node")):
         raise ProviderError(
             f"{where}: a node spec needs `parent`, `node_id` and `node` "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from infra.watcher_vm import NODE_SPEC_KEY
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 UPDATE_ENV = "TPUPOD_UPDATE_GOLDEN"
+TEMPLATE_HASH = re.compile(
+    r"(instanceTemplates/tpupod-[a-z0-9-]+|^tpupod-[a-z0-9-]+)-[0-9a-f]{10}$"
+)
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +41,12 @@ def golden() -> Callable[[offline.Evaluation], None]:
 
 
 def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
-    node = evaluation.one("gcp:tpu/v2Vm:V2Vm")
-    bundle_sha256 = node.inputs["metadata"][metadata.BUNDLE_SHA256]
+    # The slice's metadata names the bundle: a TPU API node's, or a Compute Engine template's.
+    bundle_sha256 = next(
+        r.inputs["metadata"][metadata.BUNDLE_SHA256]
+        for r in evaluation.resources
+        if metadata.BUNDLE_SHA256 in (r.inputs.get("metadata") or {})
+    )
 
     def clean(value: Any) -> Any:
         if isinstance(value, dict):
@@ -47,8 +55,10 @@ def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
             return [clean(v) for v in value]
         if isinstance(value, (pulumi.Asset, pulumi.Archive)):
             return f"<{type(value).__name__}>"
-        if isinstance(value, str):
-            return value.replace(bundle_sha256, "<bundle-sha256>")
+        if isinstance(value, str):  # a template's name holds a hash of what it holds
+            return TEMPLATE_HASH.sub(
+                r"\1-<template-hash>", value.replace(bundle_sha256, "<bundle-sha256>")
+            )
         return value
 
     resources = []
@@ -76,10 +86,16 @@ def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
         resources.append(resource)
     resources.sort(key=lambda item: (item["type"], item["name"]))
     outputs = dict(evaluation.values)
-    if "node_spec" in outputs:  # its metadata carries the startup script too
-        spec = outputs["node_spec"]
+    spec = outputs.get("node_spec")
+    if spec and "node" in spec:  # its metadata carries the startup script too
         node_metadata = {**spec["node"]["metadata"], metadata.STARTUP_SCRIPT: "<startup.sh>"}
         outputs["node_spec"] = {**spec, "node": {**spec["node"], "metadata": node_metadata}}
+    elif spec:  # a Compute Engine spec: the template's metadata items
+        props = spec["template"]["properties"]
+        items = [{**i, "value": "<startup.sh>"} if i["key"] == metadata.STARTUP_SCRIPT else i
+                 for i in props["metadata"]["items"]]  # fmt: skip
+        template = {**spec["template"], "properties": {**props, "metadata": {"items": items}}}
+        outputs["node_spec"] = {**spec, "template": template}
     return {"stack": evaluation.stack, "resources": resources, "outputs": clean(outputs)}
 
 

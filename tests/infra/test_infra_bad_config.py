@@ -17,7 +17,7 @@ BASE = "v4-8"
 CASES = {
     "unknown accelerator type": (
         {"tpupod:acceleratorType": "v9-8"},
-        "tpupod:acceleratorType: unknown accelerator type 'v9-8'; use one of v4-N, v5e-N, v5p-N, v6e-N",
+        "tpupod:acceleratorType: unknown accelerator type 'v9-8'; use one of v4-N, v5e-N, v5p-N, v6e-N, tpu7x-N",
     ),
     "chip count not in generation": (
         {"tpupod:acceleratorType": "v5e-12"},
@@ -105,7 +105,10 @@ def test_metadata_over_the_limit_is_refused():
 
 def test_real_metadata_is_far_below_the_limit(evaluations):
     for evaluation in evaluations.values():
-        metadata = evaluation.one("gcp:tpu/v2Vm:V2Vm").inputs["metadata"]
+        slice_ = evaluation.of_type("gcp:tpu/v2Vm:V2Vm") or evaluation.of_type(
+            "gcp:compute/instanceTemplate:InstanceTemplate"
+        )
+        metadata = slice_[0].inputs["metadata"]
         assert sum(len(k) + len(v.encode()) for k, v in metadata.items()) < 64 * 1024
 
 

@@ -16,6 +16,7 @@ from infra.security import OS_LOGIN_METADATA
 
 STACKS = offline.stack_names()
 TPU = "gcp:tpu/v2Vm:V2Vm"
+TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"  # a Compute Engine slice's VMs
 SUBNET = "gcp:compute/subnetwork:Subnetwork"
 BUCKET = "gcp:storage/bucket:Bucket"
 BUCKET_IAM = "gcp:storage/bucketIAMMember:BucketIAMMember"
@@ -33,6 +34,12 @@ def _drop_metadata(key: str) -> Callable[[dict], None]:
 REMOVALS = {
     "OS Login": (TPU, _drop_metadata("enable-oslogin"), "tpupod-os-login"),
     "blocked project keys": (TPU, _drop_metadata("block-project-ssh-keys"), "tpupod-os-login"),
+    "OS Login (Compute Engine)": (TEMPLATE, _drop_metadata("enable-oslogin"), "tpupod-os-login"),
+    "no external IP (Compute Engine)": (
+        TEMPLATE,
+        lambda p: p["networkInterfaces"][0].update(accessConfigs=[{"networkTier": "PREMIUM"}]),
+        "tpupod-vm-no-external-ip",
+    ),
     "flow logs": (SUBNET, _drop("logConfig"), "tpupod-subnet-flow-logs"),
     "Private Google Access": (
         SUBNET,
@@ -56,9 +63,10 @@ def rules_fired(resource_type: str, props: dict, protect: bool) -> set[str]:
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_stack_carries_the_items(evaluations, stack):
     evaluation = evaluations[stack]
-    node = evaluation.one(TPU).inputs
+    node = (evaluation.of_type(TPU) or evaluation.of_type(TEMPLATE))[0].inputs
     assert {k: node["metadata"][k] for k in OS_LOGIN_METADATA} == OS_LOGIN_METADATA
-    generation = catalog.lookup(node["acceleratorType"]).generation
+    accelerator = node["labels"]["tpupod-accelerator"]
+    generation = catalog.lookup(accelerator).generation
     assert ("shieldedInstanceConfig" in node) is generation.secure_boot
     if generation.secure_boot:
         assert node["shieldedInstanceConfig"] == {"enableSecureBoot": True}
@@ -89,10 +97,12 @@ def test_removing_an_item_fires_its_rule(evaluations, stack, item):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_removing_secure_boot_fires(evaluations, stack):
-    node = evaluations[stack].one(TPU)
+    node = (evaluations[stack].of_type(TPU) or evaluations[stack].of_type(TEMPLATE))[0]
+    rule = "tpupod-secure-boot" if node.type == TPU else "tpupod-vm-secure-boot"
+    assert rule not in rules_fired(node.type, node.inputs, node.protect)
     props = copy.deepcopy(node.inputs)
     del props["shieldedInstanceConfig"]
-    assert "tpupod-secure-boot" in rules_fired(node.type, props, node.protect)
+    assert rule in rules_fired(node.type, props, node.protect)
 
 
 def test_only_roles_that_reach_objects_need_a_prefix():

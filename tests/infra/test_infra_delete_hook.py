@@ -16,7 +16,7 @@ V2VM = "gcp:tpu/v2Vm:V2Vm"
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 
 
-@pytest.mark.parametrize("stack", offline.stack_names())
+@pytest.mark.parametrize("stack", offline.stack_names(api="tpu"))
 def test_the_slice_carries_the_delete_hook_registered_once(evaluations, stack):
     evaluation = evaluations[stack]
     node = evaluation.one(V2VM)
@@ -26,7 +26,7 @@ def test_the_slice_carries_the_delete_hook_registered_once(evaluations, stack):
     assert [r.name for r in evaluation.resources if r.hooks] == [node.name]
 
 
-@pytest.mark.parametrize("stack", offline.stack_names())
+@pytest.mark.parametrize("stack", offline.stack_names(api="tpu"))
 def test_the_watcher_goes_before_the_slice(evaluations, stack):
     """At destroy the engine deletes a resource's dependents first: the watcher VM is gone before
     the slice's hook runs, so no recovery re-creates what the hook removes."""
@@ -36,7 +36,7 @@ def test_the_watcher_goes_before_the_slice(evaluations, stack):
     assert watcher and all(node.urn in vm.dependencies for vm in watcher)
 
 
-@pytest.mark.parametrize("stack", offline.stack_names())
+@pytest.mark.parametrize("stack", offline.stack_names(api="tpu"))
 def test_the_node_and_its_spec_carry_the_stack_and_the_run(evaluations, stack):
     evaluation = evaluations[stack]
     labels = evaluation.one(V2VM).inputs["labels"]

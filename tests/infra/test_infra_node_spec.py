@@ -15,7 +15,7 @@ from google.cloud import tpu_v2
 from infra import offline
 from infra.node_spec import resource_path
 
-STACKS = offline.stack_names()
+STACKS = offline.stack_names(api="tpu")  # a Compute Engine spec: test_infra_mig_slice
 TPU = "gcp:tpu/v2Vm:V2Vm"
 
 

@@ -18,7 +18,9 @@ from infra.config import parse, raw_from_config_map
 from infra.security import IAP_RANGE, OS_LOGIN_METADATA
 
 STACKS = offline.stack_names()
+TPU_STACKS = offline.stack_names(api="tpu")  # Compute Engine's own: test_infra_mig_slice.py
 TPU = "gcp:tpu/v2Vm:V2Vm"
+TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
 FIREWALL = "gcp:compute/firewall:Firewall"
 
 
@@ -71,7 +73,7 @@ def test_defaults_live_in_code():
     assert config.trainer_command_args == "--config tiny --steps 20000 --seed 3"
 
 
-@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("stack", TPU_STACKS)
 def test_tpu_node(evaluations, stack):
     evaluation, config = evaluations[stack], stack_config(stack)
     node = evaluation.one(TPU)
@@ -104,7 +106,8 @@ def test_metadata_is_exactly_the_seam(evaluations, stack):
         run_id=config.run_id,
         uv_group="tpu",
     )
-    actual = evaluation.one(TPU).inputs["metadata"]
+    # The same metadata on either path: the TPU API's node, or Compute Engine's template.
+    actual = (evaluation.of_type(TPU) or evaluation.of_type(TEMPLATE))[0].inputs["metadata"]
     assert actual == {**expected, **OS_LOGIN_METADATA}
     assert actual[metadata.STARTUP_SCRIPT] == metadata.startup_script()
     # The stack's preset is the built-in trainer's job, declared in the job format.
@@ -168,7 +171,7 @@ def test_network_bucket_identity(evaluations, stack):
     )
 
 
-@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("stack", TPU_STACKS)
 def test_outputs(evaluations, stack):
     values, config = evaluations[stack].values, stack_config(stack)
     hosts = catalog.lookup(config.accelerator_type).hosts
@@ -297,6 +300,8 @@ def test_the_apis_are_enabled_first_and_kept_on_destroy(evaluations, stack):
     apis = {r.urn for r in services}
     for type_ in (
         TPU,
+        TEMPLATE,
+        "gcp:compute/instanceGroupManager:InstanceGroupManager",
         FIREWALL,
         "gcp:storage/bucket:Bucket",
         "gcp:compute/network:Network",

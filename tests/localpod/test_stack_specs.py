@@ -69,7 +69,7 @@ def by_hosts() -> list:
     installs the trainer's environment (707 MB unpacked) on this 2-core machine."""
     hosts = {
         stack: catalog.lookup(offline.stack_config(stack)["tpupod:acceleratorType"]).hosts
-        for stack in offline.stack_names()
+        for stack in offline.stack_names(api="tpu")  # a Compute Engine spec: no TPU API node
     }
     return [
         pytest.param(stack, marks=pytest.mark.slow) if hosts[stack] > 2 else stack

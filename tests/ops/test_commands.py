@@ -181,3 +181,17 @@ def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_anoth
         "recreated slice in b, after waiting in a): preemption: slice PREEMPTED"
     )
     assert "after" not in restarts_of(journal("a"), None)[1]
+
+
+def test_a_compute_engine_spec_is_one_line_naming_what_to_use(capsys, tmp_path):
+    """A Compute Engine stack's spec (tpupod:api: compute): recovery does not drive it yet, and
+    says so in one line instead of reading it as a TPU API node."""
+    from infra import offline
+
+    spec = offline.evaluate("tpu7x-16").values["node_spec"]
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["status", "--stack", "tpu7x-16", "--spec", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is a Compute Engine managed instance group (tpupod-tpu7x-16 in us-central1-c)" in err
+    assert "list-instances tpupod-tpu7x-16 --zone us-central1-c" in err and "\n" not in err
