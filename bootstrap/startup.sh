@@ -425,6 +425,8 @@ phase_job_env() {
     echo "TPUPOD_RUN_DIR=$MD_RUN_DIR"
     echo "TPUPOD_CHECKPOINT_DIR=$MD_RUN_DIR/checkpoints"
     echo "TPUPOD_STATUS_FILE=$TPUPOD_ROOT/status.json"
+    # The local tier: this VM's own disk (a recreated VM starts empty; the local pod wipes it).
+    echo "TPUPOD_LOCAL_CHECKPOINT_DIR=$TPUPOD_ROOT/local-checkpoints/$MD_RUN_ID"
     echo "TPUPOD_GRACE_S=$grace"
     echo "TPUPOD_MAX_LOSS_S=$(awk -v m="${max_loss:-5}" \
       'BEGIN { s = int(m * 60 + 0.999); if (s < 1) s = 1; printf "%d", s }')"

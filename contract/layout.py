@@ -11,11 +11,18 @@ from __future__ import annotations
 
 CHECKPOINTS = "checkpoints"
 OUTPUT = "tpupod"  # tpupod's own files in the run directory: each attempt's output
+LOCAL_CHECKPOINTS = "local-checkpoints"  # under a worker's TPUPOD_ROOT: the local tier
 
 
 def checkpoint_dir(run_dir: str) -> str:
     """Where the job's checkpoints go: `TPUPOD_CHECKPOINT_DIR`, one directory per step."""
     return f"{run_dir.rstrip('/')}/{CHECKPOINTS}" if run_dir else CHECKPOINTS
+
+
+def local_checkpoint_dir(tpupod_root: str, run_id: str) -> str:
+    """`TPUPOD_LOCAL_CHECKPOINT_DIR`: the local tier of run `run_id` on one worker's own disk
+    (trainer/local_tier.py); a recreated VM has an empty one."""
+    return f"{str(tpupod_root).rstrip('/')}/{LOCAL_CHECKPOINTS}/{run_id}"
 
 
 def attempt_dir(run_dir: str, attempt: int | str) -> str:

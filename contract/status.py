@@ -46,6 +46,9 @@ class StatusReport:
     tokens_per_s: float | None = None
     last_checkpoint: int | None = None
     restored_from: int | None = None
+    # Where `restored_from` was read: "local" (this VM's own copy: the local tier) or
+    # "persistent" (the bucket); None for a fresh start or a writer that does not say.
+    restored_tier: str | None = None
     compile_cache_hit: bool | None = None
     exit_code: int | None = None
     message: str | None = None
@@ -86,6 +89,9 @@ def parse_status(text: str, mtime: float | None = None) -> JobStatus | None:
         tokens_per_s=_number(raw.get("tokens_per_s")),
         last_checkpoint=_integer(raw.get("last_checkpoint")),
         restored_from=_integer(raw.get("restored_from")),
+        restored_tier=raw.get("restored_tier")
+        if isinstance(raw.get("restored_tier"), str)
+        else None,
         compile_cache_hit=raw.get("compile_cache_hit"),
         exit_code=_integer(raw.get("exit_code")),
         message=raw.get("message") if isinstance(raw.get("message"), str) else None,

@@ -4,12 +4,13 @@ kind the watcher reports for it (what a fault plan waits to see recovered)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from contract.layout import checkpoint_dir
+from contract.layout import LOCAL_CHECKPOINTS, checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,13 @@ def _kill_and_damage(pod, notice: float, worker: int) -> dict:
 
 
 def _crash_and_damage(pod, notice: float, worker: int) -> dict:
-    """A crash of `worker`'s job, then the newest verified checkpoint damaged as above. This runs
-    inside one poll of the watch (on_poll), so the restart cannot read the step before it is cut;
-    no new step can commit meanwhile (process 0 commits, and the restart stops every worker)."""
+    """A crash of `worker`'s job with its local copies lost (else the restart reads those and
+    never the bucket: trainer/local_tier.py), then the newest verified checkpoint damaged as
+    above. This runs inside one poll of the watch (on_poll), so the restart cannot read the step
+    before it is cut; no new step can commit meanwhile (process 0 commits, and the restart stops
+    every worker)."""
     pod.crash(worker)
+    shutil.rmtree(pod.paths.tpupod_root(worker) / LOCAL_CHECKPOINTS, ignore_errors=True)
     return _damaged(pod)
 
 
@@ -162,7 +166,8 @@ KINDS: dict[str, FaultKind] = {
     "watch-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, and the watch dies "
                              "mid-restart (a new one goes on from incident.json)", "crash",
                              _crash),
-    "damaged-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job, then the newest "
+    "damaged-crash": FaultKind("crash (SIGKILL) of worker {worker}'s job and its local "
+                               "copies lost, then the newest "
                                "checkpoint damaged (its largest state file cut to half)", "crash",
                                _crash_and_damage, lacks_fallback),
 }  # fmt: skip

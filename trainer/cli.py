@@ -26,6 +26,7 @@ ENV = {
     "compile_cache": "TPUPOD_COMPILE_CACHE",
     "init_timeout": "TPUPOD_INIT_TIMEOUT",
     "max_loss_s": "TPUPOD_MAX_LOSS_S",
+    "local_checkpoint_dir": "TPUPOD_LOCAL_CHECKPOINT_DIR",
 }
 
 
@@ -101,6 +102,13 @@ def _contract_flags(p: argparse.ArgumentParser) -> None:
         default=env(ENV["compile_cache"]),
         help="where each process keeps the compiled train step, local or gs://; 'off' compiles "
         "every start [$TPUPOD_COMPILE_CACHE; default: compile-cache beside the workdir]",
+    )
+    p.add_argument(
+        "--local-checkpoint-dir",
+        default=env(ENV["local_checkpoint_dir"]),
+        help="this process's own copies of recent steps on local disk (the local tier: a "
+        "restart on the same VMs restores from it; config local_checkpoint_every) "
+        "[$TPUPOD_LOCAL_CHECKPOINT_DIR; unset: off]",
     )
     p.add_argument(
         "--max-loss-s",
@@ -223,4 +231,5 @@ def _start_and_train(args, cfg, hb, first: bool) -> int:
     cache = args.compile_cache or storage.join(storage.parent(workdir), "compile-cache")
     cfg = with_generation_batch(cfg, generation(jax.devices()[0]))
     explicit_vocab = "vocab_size" in explicit_keys(args.config, args.set)
-    return train.run(cfg, workdir, hb, explicit_vocab, None if cache == "off" else cache)
+    return train.run(cfg, workdir, hb, explicit_vocab, None if cache == "off" else cache,
+                     args.local_checkpoint_dir)  # fmt: skip

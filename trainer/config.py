@@ -63,6 +63,9 @@ class Config:
     # either way (each array's metadata names its compressor).
     checkpoint_compression: bool = False
     keep_latest: int = 3
+    # The local tier (trainer/local_tier.py): each process's own copy every N steps on its VM's
+    # disk ($TPUPOD_LOCAL_CHECKPOINT_DIR), what a restart on the same VMs restores; 0 disables.
+    local_checkpoint_every: int = 2
     keep_every: int = 0  # additionally keep every M-th step; 0 disables
     heartbeat_seconds: float = 2.0
     stall_seconds: float = 600.0  # no step progress this long: stop heartbeating (a hang)
@@ -85,6 +88,7 @@ PRESETS: dict[str, dict] = {
         warmup_steps=10,
         log_every=5,
         checkpoint_every=25,
+        local_checkpoint_every=5,
     ),
     "350m": dict(
         d_model=1024,
@@ -99,6 +103,7 @@ PRESETS: dict[str, dict] = {
         warmup_steps=1000,
         log_every=10,
         checkpoint_every=500,
+        local_checkpoint_every=100,
         checkpoint_every_seconds=1800,
         keep_every=5000,
         mesh_data=1,
@@ -117,6 +122,7 @@ PRESETS: dict[str, dict] = {
         warmup_steps=2000,
         log_every=10,
         checkpoint_every=500,
+        local_checkpoint_every=100,
         checkpoint_every_seconds=1800,
         keep_every=5000,
         mesh_data=1,

@@ -90,6 +90,8 @@ class Saver:
         """True when the loop must end: the preemption save is under way."""
         run, cfg, checkpoints = self.run, self.run.cfg, self.run.checkpoints
         self.preempted = tpupod_job.should_stop(step)  # the step every process agrees on
+        if not self.preempted and run.local is not None and run.local.due(step):
+            run.local.save(step, run.state, run.data_iter)  # the shards' copy to host, no more
         if not (self.preempted or (step < cfg.steps and checkpoints.should_save(step))):
             return False
         run.hb.update(state=JobState.SAVING, step=step)

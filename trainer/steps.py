@@ -18,7 +18,8 @@ from contract.status import JobState
 from trainer import data
 from trainer.checkpoint import Checkpoints
 from trainer.compile_cache import compile_program
-from trainer.config import Config
+from trainer.config import Config, shape_signature
+from trainer.local_tier import LocalTier
 from trainer.metrics import MetricsLog
 from trainer.model import count_params
 from trainer.restore import restore_newest_readable
@@ -48,6 +49,8 @@ class Run:
     n_params: int
     train_step: Any = None
     cache_hit: bool | None = None
+    local: LocalTier | None = None  # the local tier, when the run has a local directory
+    restored_tier: str | None = None  # "local" or "persistent": where the restore came from
 
     @property
     def mesh(self):
@@ -55,7 +58,7 @@ class Run:
 
 
 def prepare(cfg: Config, workdir: str, hb: Heartbeat, explicit_vocab: bool,
-            compile_cache: str | None) -> Run:  # fmt: skip
+            compile_cache: str | None, local_dir: str | None = None) -> Run:  # fmt: skip
     """Steps 1-3 of a run: set up, restore or initialise, compile."""
     log = MetricsLog(workdir, enabled=jax.process_index() == 0)
     cfg, setup, loaded, n_params = set_up(cfg, log, explicit_vocab)
@@ -64,8 +67,13 @@ def prepare(cfg: Config, workdir: str, hb: Heartbeat, explicit_vocab: bool,
     hb.update(state=JobState.RESTORING)
     checkpoints = Checkpoints(workdir, cfg, jax.process_count(), data.checkpoint_meta(cfg, loaded))
     run = Run(cfg, log, hb, setup, checkpoints, None, data_iter, 0, None, n_params)
+    if local_dir and cfg.local_checkpoint_every > 0:
+        identity = {"process_index": jax.process_index(), "workdir": workdir,
+                    "shapes": shape_signature(cfg), **checkpoints.meta}  # fmt: skip
+        run.local = LocalTier(local_dir, cfg.local_checkpoint_every, identity)
     restore_or_init(run, compile_cache, t_restore)
     hb.update(state=JobState.COMPILING, step=run.step, restored_from=run.restored_from,
+              restored_tier=run.restored_tier,
               last_checkpoint=checkpoints.committed)  # fmt: skip
     t0 = time.perf_counter()
     compiled = compile_program(setup.lower_train_step(), setup.mesh.devices.flat, compile_cache)
@@ -104,6 +112,8 @@ def restore_or_init(run: Run, compile_cache: str | None, t_restore: float) -> No
     A committed step that cannot be read is reported, moved aside, and the one before it used.
     `t_restore`: when the restore began (the manager's own listing counts)."""
     checkpoints, log, hb = run.checkpoints, run.log, run.hb
+    if restore_local(run, t_restore):
+        return
     restored_from, state, run.data_iter, unreadable = restore_newest_readable(
         checkpoints, run.setup.abstract_state, run.data_iter
     )
@@ -119,8 +129,10 @@ def restore_or_init(run: Run, compile_cache: str | None, t_restore: float) -> No
     checkpoints.committed = restored_from
     if restored_from is not None:
         restore_s = round(time.perf_counter() - t_restore, 3)  # listing, checks, every read
+        run.restored_tier = "persistent"
         log.event("restored", step=restored_from, directory=checkpoints.directory,
-                  seconds=restore_s, verify_s=round(checkpoints.verify_s, 3))  # fmt: skip
+                  seconds=restore_s, verify_s=round(checkpoints.verify_s, 3),
+                  tier=run.restored_tier)  # fmt: skip
     else:  # a fresh state; its init program, like the step's, comes from the cache when it can
         t_init = time.perf_counter()
         devices = run.setup.mesh.devices.flat
@@ -130,6 +142,26 @@ def restore_or_init(run: Run, compile_cache: str | None, t_restore: float) -> No
                   compile_cache_hit=init.hit, compile_cache=init.why)  # fmt: skip
     run.state, run.restored_from = state, restored_from
     run.step = int(jax.device_get(state["step"]))
+
+
+def restore_local(run: Run, t_restore: float) -> bool:
+    """2a. The newest step every process holds on its own disk, if not older than the bucket's
+    newest committed one: read from there, no bucket read at all (trainer.local_tier)."""
+    if run.local is None:
+        return False
+    persistent = run.checkpoints.manager.latest_step()
+    step = run.local.agreed_step(persistent)
+    restored = None if step is None else run.local.restore(step, run.setup.abstract_state,
+                                                            run.data_iter)  # fmt: skip
+    if restored is None:
+        return False
+    run.state, run.data_iter = restored
+    run.checkpoints.committed = persistent
+    run.restored_from, run.restored_tier = step, "local"
+    run.step = int(jax.device_get(run.state["step"]))
+    run.log.event("restored", step=step, directory=str(run.local.root), tier="local",
+                  seconds=round(time.perf_counter() - t_restore, 3), persistent=persistent)  # fmt: skip
+    return True
 
 
 def training_steps(run: Run) -> Iterator[StepInfo]:

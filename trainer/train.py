@@ -29,9 +29,10 @@ def run(
     hb: Heartbeat,
     explicit_vocab: bool = False,
     compile_cache: str | None = None,
+    local_dir: str | None = None,
 ) -> int:
     t_start = time.time()
-    prepared = prepare(cfg, workdir, hb, explicit_vocab, compile_cache)
+    prepared = prepare(cfg, workdir, hb, explicit_vocab, compile_cache, local_dir)
     reporter, saver = Reporter(prepared), Saver(prepared)
     hb.update(state=JobState.TRAINING, compile_cache_hit=prepared.cache_hit)
     reporter.last_report = (prepared.step, time.perf_counter())
@@ -85,6 +86,8 @@ def finish_done(run: Run, workdir: str, reporter: Reporter, loop_s: float, t_sta
         "params_norm": params_norm,
         "params": run.n_params,
         "restored_from": run.restored_from,
+        "restored_tier": run.restored_tier,
+        "local_saves_skipped": run.local.skipped if run.local else None,
         "compile_cache_hit": run.cache_hit,
         "processes": jax.process_count(),
         "devices": jax.device_count(),

@@ -110,16 +110,20 @@ class Progress:
         restored = (
             min(reported) if reported else max(0, min((s.step for s in fresh), default=1) - 1)
         )
+        tiers = {s.restored_tier for s in fresh if s.restored_from is not None}
+        tier = tiers.pop() if len(tiers) == 1 else None  # every process read the same tier
         inc.phases["resumed"] = now = time.time()
         lost = max(0, inc.step - restored)
         self.state.last_step = restored
         self.journal.event(
             "resumed",
-            f"resumed at step {restored} after {inc.kind}: {lost} steps lost, "
+            f"resumed at step {restored}{f' ({tier} tier)' if tier else ''} after {inc.kind}: "
+            f"{lost} steps lost, "
             f"{now - inc.detected_at:.1f}s since detection",
             kind=inc.kind,
             step=restored,
             steps_lost=lost,
+            tier=tier,
             detected_at=inc.detected_at,
             recovery_s=now - inc.detected_at,
             phases={k: v - inc.detected_at for k, v in inc.phases.items()},

@@ -40,6 +40,12 @@ def test_the_scan_finds_a_second_spelling(tmp_path):
     assert modules_spelling(tmp_path, "attempt-") == ["ops/fleet/m.py"]
 
 
+def test_the_worker_shell_names_the_same_local_checkpoint_directory():
+    startup = (REPO / "bootstrap" / "startup.sh").read_text()
+    found = re.findall(r"TPUPOD_LOCAL_CHECKPOINT_DIR=(\S+)\"", startup)
+    assert found == [layout.local_checkpoint_dir("$TPUPOD_ROOT", "$MD_RUN_ID")]
+
+
 def test_the_worker_shell_names_the_same_checkpoint_directory():
     startup = (REPO / "bootstrap" / "startup.sh").read_text()
     found = re.findall(r"TPUPOD_CHECKPOINT_DIR=\$MD_RUN_DIR/(\w+)", startup)

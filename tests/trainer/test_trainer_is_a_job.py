@@ -61,3 +61,18 @@ def test_the_trainer_starts_stops_and_reports_through_tpupod_job():
     assert "tpupod_job.should_stop(" in sources["hooks.py"]
     assert "tpupod_job.write_status(" in sources["status.py"]
     assert "os.replace(" not in sources["status.py"]  # no second status writer
+
+
+def test_a_bundle_without_the_helper_on_its_path_still_finds_it(tmp_path):
+    """A `python -m trainer` started by hand inside a code bundle (a benchmark's reference run:
+    no PYTHONPATH, no installed project) finds tpupod_job beside the package. `-S`: no site
+    directory, so the dev environment's installed copy is out of reach too."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import trainer.status, tpupod_job; " \
+           "print(tpupod_job.__file__)"  # fmt: skip
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(ROOT)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(ROOT / "bootstrap" / "jobkit" / "tpupod_job" / "__init__.py")

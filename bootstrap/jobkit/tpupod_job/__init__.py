@@ -59,6 +59,14 @@ def checkpoint_dir() -> str:
         ) from None
 
 
+def local_checkpoint_dir() -> str | None:
+    """`$TPUPOD_LOCAL_CHECKPOINT_DIR`: this worker's own disk, for copies of recent steps that a
+    restart on the same VMs can read without the bucket (the built-in trainer's local tier,
+    trainer/local_tier.py); empty after a recreate. None outside tpupod. Each process writes
+    only its own shards there: a restore from it must find the same step on every process."""
+    return os.environ.get("TPUPOD_LOCAL_CHECKPOINT_DIR") or None
+
+
 def init(timeout_s: int = 1800, *, distributed: bool | None = None, jax_cache: bool = True) -> bool:
     """`jax.distributed.initialize` with the contract's coordinator, process count and id (a TPU
     VM could detect them itself; a CPU host cannot), once; one process needs none. After it,

@@ -1,0 +1,109 @@
+"""The local tier (trainer/local_tier.py) through real trainer processes: a restart on the same
+VM restores each process's own copy, not the bucket's; an empty local disk (a recreated VM) and
+a damaged copy fall back to the persistent tier; every run ends bitwise equal to one never
+interrupted. The persistent tier saves every 8 steps, the local one every 2.
+
+A crash is a SIGKILL; a hang is a process stopped mid-run (SIGSTOP) and then killed, as the
+watcher ends a hung job before restarting it (the watcher's side: tests/e2e/test_demo.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+
+import pytest
+from trainer_testlib import free_port, multi_args, run_ok, summary
+
+STEPS = 24  # room after the stop at 11 or 13, on a loaded machine too
+BASE = ["--config", "tiny", "--steps", STEPS, "--set", "checkpoint_every=8",
+        "--set", "local_checkpoint_every=2"]  # fmt: skip
+
+
+def restored(trainer) -> dict:
+    return next(r for r in trainer.lines() if r.get("event") == "restored")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run, with no local tier at all."""
+    from trainer_testlib import Trainer, trainer_env  # spawn is per test; this is per module
+
+    root = tmp_path_factory.mktemp("ref")
+    t = Trainer([*map(str, BASE), "--workdir", str(root / "wd")], root, "ref", trainer_env(2))
+    assert t.wait() == 0, t.stderr[-3000:]
+    return summary(root / "wd")["params_fingerprint"]
+
+
+def interrupted(spawn, tmp_path, stop_at: int, hang: bool = False):
+    """A run stopped dead after `stop_at` (killed, or stopped then killed): its workdir and
+    local directory as the restart finds them."""
+    wd, local = tmp_path / "wd", tmp_path / "local"
+    t = spawn([*BASE, "--workdir", wd, "--local-checkpoint-dir", local], tmp_path, "first", 2)
+    t.wait_for(lambda: t.last_step() >= stop_at, what=f"step {stop_at}")
+    # Both tiers' copies written whole before the stop: the bucket's step 8, the local 10 or 12.
+    local_step = stop_at - 1 if stop_at % 2 else stop_at
+
+    def written() -> bool:
+        held = [int(p.name) for p in local.glob("*") if p.name.isdigit()]
+        return (wd / "checkpoints" / "8").is_dir() and max(held, default=0) >= local_step
+
+    t.wait_for(written, what="step 8 committed and the local copy written")
+    if hang:
+        t.signal(signal.SIGSTOP)  # hung: no step, no beat
+    t.kill()
+    return wd, local
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["crash", "hang"])
+def test_a_restart_on_the_same_vm_restores_its_own_copy(spawn, tmp_path, reference, hang):
+    wd, local = interrupted(spawn, tmp_path, 11, hang)
+    again = run_ok(spawn, [*BASE, "--workdir", wd, "--local-checkpoint-dir", local],
+                   tmp_path, "again", 2)  # fmt: skip
+    found = restored(again)
+    assert found["tier"] == "local" and found["step"] >= 10, found
+    assert found["step"] > (found["persistent"] or 0)  # newer than the bucket's: fewer lost
+    assert summary(wd)["params_fingerprint"] == reference
+
+
+def test_an_empty_or_damaged_local_copy_falls_back_to_the_bucket(spawn, tmp_path, reference):
+    wd, local = interrupted(spawn, tmp_path, 13)
+    # A recreated VM: an empty disk. Its restart reads the bucket's newest committed step.
+    fresh_wd = tmp_path / "recreated"
+    shutil.copytree(wd, fresh_wd)
+    empty = run_ok(spawn, [*BASE, "--workdir", fresh_wd, "--local-checkpoint-dir",
+                           tmp_path / "empty"], tmp_path, "recreated", 2)  # fmt: skip
+    assert restored(empty)["tier"] == "persistent" and restored(empty)["step"] == 8
+    assert summary(fresh_wd)["params_fingerprint"] == reference
+    # Every local copy damaged (one byte flipped): none verifies, the bucket's step is used.
+    for arrays in local.glob("*/arrays.bin"):
+        data = bytearray(arrays.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        arrays.write_bytes(bytes(data))
+    damaged = run_ok(spawn, [*BASE, "--workdir", wd, "--local-checkpoint-dir", local],
+                     tmp_path, "damaged", 2)  # fmt: skip
+    assert restored(damaged)["tier"] == "persistent" and restored(damaged)["step"] == 8
+    assert summary(wd)["params_fingerprint"] == reference
+
+
+@pytest.mark.slow  # two processes: the steps every process holds are agreed on (allgather)
+def test_two_processes_agree_on_a_step_both_hold(spawn, tmp_path, reference):
+    port, wd, local = free_port(), tmp_path / "wd", tmp_path / "local"
+
+    def start(name, i):
+        args = [*BASE, "--workdir", wd, "--local-checkpoint-dir", local / str(i),
+                *multi_args(port, 2, i)]  # fmt: skip
+        return spawn(args, tmp_path, f"{name}{i}", 1)
+
+    first = [start("first", i) for i in range(2)]
+    first[0].wait_for(lambda: first[0].last_step() >= 11, what="step 11")
+    for t in first:
+        t.kill()
+    newest = max(int(p.name) for p in (local / "1").iterdir() if p.name.isdigit())
+    shutil.rmtree(local / "1" / str(newest))  # process 1 lacks the newest: the one before
+    port = free_port()
+    again = [start("again", i) for i in range(2)]
+    assert [t.wait() for t in again] == [0, 0], again[1].stderr[-3000:]
+    found = restored(again[0])
+    assert found["tier"] == "local" and found["step"] == newest - 2, found
+    assert summary(wd)["params_fingerprint"] == reference

@@ -1,0 +1,199 @@
+"""The local tier: each process's own copy of recent steps on its VM's disk, for restarts on the
+same VMs (a crash, a hang, `tpupod restart`, a rollout), which then read no bucket at all.
+
+Every `local_checkpoint_every` steps each process copies the shards it holds of the train state
+off its devices (the only part the loop waits for) and a thread writes them, with its data
+iterator's state, to `$TPUPOD_LOCAL_CHECKPOINT_DIR/<step>/` (a temporary directory renamed once
+complete, with a manifest of sizes and CRC32s). A save still being written when the next comes
+due is skipped, never waited for. At a start every process lists the steps it holds that verify;
+the newest step that every process holds, if it is not older than the bucket's newest committed
+step, is restored from the local copies, and only if every process read its own (else all take
+the bucket's path: a recreated slice has empty disks). The persistent tier (Orbax to
+`$TPUPOD_CHECKPOINT_DIR`) is unchanged and remains what a recreate, a preemption and the final
+step rely on.
+
+Why not Orbax's emergency managers (0.12.8, tried for issue 50): `emergency.CheckpointManager`
+drops the local directory with one replica, its multi-slice manager asserts two or more
+replicas, its replicator needs GKE, and `emergency.p2p.CheckpointManager` with one host's local
+step missing answered `latest_step()` None on every host and then hung in an explicit restore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import zlib
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from trainer.data_checkpoint import frozen
+
+ARRAYS, DATA, MANIFEST = "arrays.bin", "data.bin", "manifest.json"
+KEEP = 2  # steps kept on disk: the newest, and the one before while the newest is written
+OFFERED = 8  # newest verified steps each process offers when all agree on one
+
+
+def _key(path, index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
+    bounds = ",".join("{}:{}".format(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
+    return f"{jax.tree_util.keystr(path)}[{bounds}]"
+
+
+def _crc(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+class LocalTier:
+    def __init__(self, directory: str, every: int, identity: dict):
+        self.root = Path(directory)
+        self.every = every
+        self.identity = identity  # what a copy must match: process count and id, shapes
+        self.root.mkdir(parents=True, exist_ok=True)
+        for left in self.root.glob("*.tmp"):  # a save cut off by a kill
+            shutil.rmtree(left, ignore_errors=True)
+        self._writer: threading.Thread | None = None
+        self.saved: int | None = None  # the newest step written whole
+        self.skipped = 0  # saves due while the previous one was still being written
+
+    # -- saving -----------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int, state, data_iter) -> bool:
+        """Copies this process's shards to host memory now; a thread writes them. False when
+        the previous save is still being written (this one is skipped)."""
+        if self._writer is not None and self._writer.is_alive():
+            self.skipped += 1
+            return False
+        leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+        shards: dict[str, np.ndarray] = {}
+        for path, leaf in leaves:
+            for shard in leaf.addressable_shards:
+                key = _key(path, shard.index, leaf.shape)
+                if key not in shards:  # a replicated leaf: one copy per index is enough
+                    shards[key] = np.asarray(shard.data)
+        data = frozen(data_iter).get_state()
+        self._writer = threading.Thread(target=self._write, args=(step, shards, data),
+                                        name="local-checkpoint", daemon=True)  # fmt: skip
+        self._writer.start()
+        return True
+
+    def _write(self, step: int, shards: dict[str, np.ndarray], data: bytes) -> None:
+        final, tmp = self.root / str(step), self.root / f"{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        index, offset = {}, 0
+        with open(tmp / ARRAYS, "wb") as f:
+            for key, array in shards.items():
+                raw = np.ascontiguousarray(array).tobytes()
+                f.write(raw)
+                index[key] = [offset, len(raw)]
+                offset += len(raw)
+        (tmp / DATA).write_bytes(data)
+        files = {name: {"bytes": (tmp / name).stat().st_size, "crc32": _crc(tmp / name)}
+                 for name in (ARRAYS, DATA)}  # fmt: skip
+        doc = {"step": step, **self.identity, "files": files, "index": index}
+        (tmp / MANIFEST).write_text(json.dumps(doc))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        self.saved = step
+        for old in self.steps()[:-KEEP]:
+            shutil.rmtree(self.root / str(old), ignore_errors=True)
+
+    def wait(self) -> None:
+        if self._writer is not None:
+            self._writer.join()
+
+    # -- restoring --------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit())
+
+    def verified(self, step: int) -> dict | None:
+        """The step's manifest if its files are whole and it is this run's and process's."""
+        where = self.root / str(step)
+        try:
+            doc = json.loads((where / MANIFEST).read_text())
+            if any(doc.get(k) != v for k, v in self.identity.items()) or doc["step"] != step:
+                return None
+            for name, want in doc["files"].items():
+                path = where / name
+                if path.stat().st_size != want["bytes"] or _crc(path) != want["crc32"]:
+                    return None
+            return doc
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def agreed_step(self, persistent: int | None) -> int | None:
+        """The newest step every process holds and verified, if not older than the persistent
+        tier's newest (`persistent`); None otherwise. Every process must call it."""
+        mine = [s for s in reversed(self.steps()) if self.verified(s)][:OFFERED]
+        offered = np.full(OFFERED, -1, np.int64)
+        offered[: len(mine)] = mine
+        everyone = _gather(offered)
+        common = set(everyone[0].tolist())
+        for row in everyone[1:]:
+            common &= set(row.tolist())
+        common.discard(-1)
+        best = max(common, default=None)
+        return best if best is not None and best >= (persistent or 0) else None
+
+    def restore(self, step: int, abstract_state, data_iter):
+        """(state, iterator) from this process's copy of `step`, or None where it cannot be
+        read; every process learns whether all of them could (None for all otherwise)."""
+        try:
+            state = self._read(step, abstract_state)
+            data = (self.root / str(step) / DATA).read_bytes()
+            ok = True
+        except (OSError, ValueError, KeyError) as err:
+            print(f"warning: local checkpoint step {step} unreadable here ({err}); "
+                  "restoring from the bucket", flush=True)  # fmt: skip
+            ok = False
+        if not bool(np.all(_gather(np.array([int(ok)], np.int64)))):
+            return None
+        return state, _set_state(data_iter, data)
+
+    def _read(self, step: int, abstract_state):
+        doc = self.verified(step)
+        if doc is None:
+            raise ValueError("its files no longer match its manifest")
+        raw = np.memmap(self.root / str(step) / ARRAYS, dtype=np.uint8, mode="r")
+        index = doc["index"]
+
+        def leaf(path, abstract):
+            sharding = abstract.sharding
+            buffers = []
+            for device, idx in sharding.addressable_devices_indices_map(abstract.shape).items():
+                offset, size = index[_key(path, idx, abstract.shape)]
+                shape = tuple(len(range(*s.indices(n))) for s, n in zip(idx, abstract.shape,
+                                                                       strict=True))  # fmt: skip
+                host = np.array(raw[offset : offset + size]).view(abstract.dtype).reshape(shape)
+                buffers.append(jax.device_put(host, device))
+            return jax.make_array_from_single_device_arrays(abstract.shape, sharding, buffers)
+
+        return jax.tree_util.tree_map_with_path(leaf, abstract_state)
+
+
+def _gather(values: np.ndarray) -> np.ndarray:
+    """Every process's `values`, one row each (one process: its own)."""
+    if jax.process_count() == 1:
+        return values[None]
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(values))
+
+
+def _set_state(data_iter, data: bytes):
+    import grain
+
+    if isinstance(data_iter, grain.DatasetIterator):
+        data_iter.set_state(json.loads(data))
+    else:
+        data_iter.set_state(data)
+    return data_iter
