@@ -58,6 +58,7 @@ _TINY_GOODPUT = ("own-rate figure, local pod",
 _AFTER_DETECTION = ("after detection", "the recorded row counts from the hang's detection (the "
                     "heartbeat limit), not from the fault")  # fmt: skip
 _REC = r"recovery, {}: fault -> first step \(recovery run\)$"
+_REC2 = r"recovery, {}: fault -> first step \(recovery run, two tiers\)$"
 
 RULES: tuple[Rule, ...] = (
     Rule("mfu-small-cpu", "trainer", "`small` on CPU: model FLOP/s over the same run's jnp.dot "
@@ -108,6 +109,29 @@ RULES: tuple[Rule, ...] = (
     Rule("steps-lost-no-notice", "recovery", "kill, crash, hang: steps lost <= 1 checkpoint "
          "interval + a save in flight, every event (bench/steps_lost.py)",
          r"steps lost, (no-notice kill|crash|hang.*) \(recovery run\)$", "bench", stat="every",
+         source="issues 15, 18"),
+    # Registered 2026-11-29, before any recovery run with the local tier (issue 50): its rows
+    # carry "(recovery run, two tiers)", so the rules above keep judging the runs before it.
+    Rule("recovery-tiers-notice", "recovery", "two tiers: preemption with notice: fault -> "
+         "first step <= 8 s (local pod)", _REC2.format("preemption with notice"), "<=", 8.0,
+         "s", source="issue 50"),
+    Rule("recovery-tiers-kill", "recovery", "two tiers: no-notice kill: fault -> first step "
+         "<= 8 s (local pod)", _REC2.format("no-notice kill"), "<=", 8.0, "s",
+         source="issue 50"),
+    Rule("recovery-tiers-crash", "recovery", "two tiers: crash: fault -> first step <= 5 s "
+         "(local pod)", _REC2.format("crash"), "<=", 5.0, "s", source="issue 50"),
+    Rule("recovery-tiers-hang", "recovery", "two tiers: hang: fault -> first step <= 5 s, "
+         "counted from the fault (local pod)", _REC2.format("hang"), "<=", 5.0, "s",
+         source="issue 50"),
+    Rule("steps-lost-tiers", "recovery", "two tiers: crash, hang: steps lost <= the local "
+         "tier's interval, every event", r"steps lost, (crash|hang) \(recovery run, two "
+         r"tiers\)$", "bench", stat="every", source="issue 50"),
+    Rule("steps-lost-tiers-notice", "recovery", "two tiers: a preemption with notice loses 0 "
+         "steps, every event", r"steps lost, preemption with notice \(recovery run, two "
+         r"tiers\)$", "bench", stat="every", source="issue 18"),
+    Rule("steps-lost-tiers-kill", "recovery", "two tiers: no-notice kill: steps lost <= 1 "
+         "checkpoint interval + a save in flight, every event (bench/steps_lost.py)",
+         r"steps lost, no-notice kill \(recovery run, two tiers\)$", "bench", stat="every",
          source="issues 15, 18"),
     # Registered 2026-11-26, before any capacity run (issue 35).
     Rule("capacity-queued", "capacity", "recovery through a queued resource costs <= 2 s more "

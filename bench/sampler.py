@@ -20,8 +20,8 @@ STATUS_FILES = {
     "reference-status.json": "reference",  # the same job, same checkpoint policy, no faults
     "reference-none-status.json": "reference-none",  # ... and no checkpoints
 }
-STATUS_FIELDS = ("pid", "state", "step", "restored_from", "compile_cache_hit", "exit_code",
-                 "last_checkpoint")  # fmt: skip
+STATUS_FIELDS = ("pid", "state", "step", "restored_from", "restored_tier", "compile_cache_hit",
+                 "exit_code", "last_checkpoint")  # fmt: skip
 
 
 def worker_root(pod_dir: Path, index: int) -> Path:
