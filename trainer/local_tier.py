@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import threading
 import zlib
 from pathlib import Path
@@ -62,6 +63,17 @@ class LocalTier:
         self.saved: int | None = None  # the newest step written whole
         self.skipped = 0  # saves due while the previous one was still being written
 
+    @classmethod
+    def open(cls, directory: str, every: int, identity: dict) -> LocalTier | None:
+        """The tier, or None (one warning) where its directory cannot be made: the run goes on
+        with the bucket's tier alone."""
+        try:
+            return cls(directory, every, identity)
+        except OSError as err:
+            print(f"warning: no local checkpoints ({directory}: {err}); restarts read the "
+                  "bucket", file=sys.stderr, flush=True)  # fmt: skip
+            return None
+
     # -- saving -----------------------------------------------------------------------------
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -86,6 +98,16 @@ class LocalTier:
         return True
 
     def _write(self, step: int, shards: dict[str, np.ndarray], data: bytes) -> None:
+        """On the writer thread. A disk that refuses (full, gone) costs this copy only: one
+        warning, and the bucket's tier carries on."""
+        try:
+            self._write_step(step, shards, data)
+        except OSError as err:
+            shutil.rmtree(self.root / f"{step}.tmp", ignore_errors=True)
+            print(f"warning: local checkpoint step {step} not written ({err}); the bucket's "
+                  "checkpoints go on", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _write_step(self, step: int, shards: dict[str, np.ndarray], data: bytes) -> None:
         final, tmp = self.root / str(step), self.root / f"{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -153,7 +175,7 @@ class LocalTier:
             ok = True
         except (OSError, ValueError, KeyError) as err:
             print(f"warning: local checkpoint step {step} unreadable here ({err}); "
-                  "restoring from the bucket", flush=True)  # fmt: skip
+                  "restoring from the bucket", file=sys.stderr, flush=True)  # fmt: skip
             ok = False
         if not bool(np.all(_gather(np.array([int(ok)], np.int64)))):
             return None

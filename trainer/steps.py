@@ -70,7 +70,7 @@ def prepare(cfg: Config, workdir: str, hb: Heartbeat, explicit_vocab: bool,
     if local_dir and cfg.local_checkpoint_every > 0:
         identity = {"process_index": jax.process_index(), "workdir": workdir,
                     "shapes": shape_signature(cfg), **checkpoints.meta}  # fmt: skip
-        run.local = LocalTier(local_dir, cfg.local_checkpoint_every, identity)
+        run.local = LocalTier.open(local_dir, cfg.local_checkpoint_every, identity)
     restore_or_init(run, compile_cache, t_restore)
     hb.update(state=JobState.COMPILING, step=run.step, restored_from=run.restored_from,
               restored_tier=run.restored_tier,
