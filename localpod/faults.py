@@ -4,13 +4,12 @@ kind the watcher reports for it (what a fault plan waits to see recovered)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from contract.layout import LOCAL_CHECKPOINTS, checkpoint_dir
+from contract.layout import checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ def _crash_and_damage(pod, notice: float, worker: int) -> dict:
     before it is cut; no new step can commit meanwhile (process 0 commits, and the restart stops
     every worker)."""
     pod.crash(worker)
-    shutil.rmtree(pod.paths.tpupod_root(worker) / LOCAL_CHECKPOINTS, ignore_errors=True)
+    pod.lose_local_checkpoints(worker)
     return _damaged(pod)
 
 

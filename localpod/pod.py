@@ -28,6 +28,7 @@ from pathlib import Path
 
 from contract import metadata
 from contract.job import Job, check_run_id, new_run_id
+from contract.layout import LOCAL_CHECKPOINTS
 from infra import cleanup, naming
 from infra.builtin_job import builtin
 from infra.bundle_archive import build_bundle
@@ -432,6 +433,11 @@ class LocalPod(TpuAnswers):
         """SIGKILL the job's process group on `worker` (the group of the pid in
         $TPUPOD_ROOT/job.pid), whatever the job is; returns that pid."""
         return self._request("POST", f"/crash?worker={worker}")["pid"]
+
+    def lose_local_checkpoints(self, worker: int) -> None:
+        """`worker`'s local tier gone (trainer/local_tier.py: its copies of recent steps on its
+        own disk); the bucket's checkpoints stay."""
+        shutil.rmtree(self.paths.tpupod_root(worker) / LOCAL_CHECKPOINTS, ignore_errors=True)
 
     def hang(self, worker: int) -> int:
         """SIGSTOP the job's process group on `worker`; returns its leader's pid."""

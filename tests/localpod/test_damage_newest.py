@@ -26,6 +26,7 @@ class FakePod:
     def __init__(self, url: str) -> None:
         self.url = url
         self.crashed: list[int] = []
+        self.lost: list[int] = []  # workers whose local copies went with the crash
 
     def endpoints(self) -> dict:
         """A bare emulator's: any operator token goes (it enforces no IAM)."""
@@ -36,6 +37,9 @@ class FakePod:
 
     def crash(self, worker: int) -> None:
         self.crashed.append(worker)
+
+    def lose_local_checkpoints(self, worker: int) -> None:
+        self.lost.append(worker)
 
 
 def _put(url: str, objects: dict[str, bytes]) -> None:
@@ -94,7 +98,7 @@ def test_a_damage_fault_waits_until_an_older_committed_step_stands_behind_the_ne
         _put(url, {f"{PREFIX}/20/commit_success.txt": b"ok"})  # 20 commits: 10 stands behind it
         assert lacks_fallback(pod) is None
         sched(*_watcher(30))
-        assert pod.crashed == [0]
+        assert pod.crashed == [0] and pod.lost == [0]
         assert [(f["damaged"], f["behind"]) for f in sched.injected] == [(20, 10)]
         # negative control: an unreachable bucket is a reason to wait, not a fault to inject
         assert lacks_fallback(FakePod("http://127.0.0.1:9")).startswith("a listing of the")
