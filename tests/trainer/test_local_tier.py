@@ -1,7 +1,8 @@
 """The local tier (trainer/local_tier.py) through real trainer processes: a restart on the same
 VM restores each process's own copy, not the bucket's; an empty local disk (a recreated VM) and
 a damaged copy fall back to the persistent tier; every run ends bitwise equal to one never
-interrupted. The persistent tier saves every 8 steps, the local one every 2.
+interrupted. The persistent tier saves every 8 steps, the local one every 2; every run shares
+one compile cache (the restarts' cost is the point, not the compile's).
 
 A crash is a SIGKILL; a hang is a process stopped mid-run (SIGSTOP) and then killed, as the
 watcher ends a hung job before restarting it (the watcher's side: tests/e2e/test_demo.py).
@@ -25,21 +26,29 @@ def restored(trainer) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def cache(tmp_path_factory):
+    """One compile cache for every run here: the step is compiled once (tiny, 2 devices)."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cache):
     """The uninterrupted run, with no local tier at all."""
     from trainer_testlib import Trainer, trainer_env  # spawn is per test; this is per module
 
     root = tmp_path_factory.mktemp("ref")
-    t = Trainer([*map(str, BASE), "--workdir", str(root / "wd")], root, "ref", trainer_env(2))
+    args = [*map(str, BASE), "--workdir", str(root / "wd"), "--compile-cache", str(cache)]
+    t = Trainer(args, root, "ref", trainer_env(2))
     assert t.wait() == 0, t.stderr[-3000:]
     return summary(root / "wd")["params_fingerprint"]
 
 
-def interrupted(spawn, tmp_path, stop_at: int, hang: bool = False):
+def interrupted(spawn, tmp_path, cache, stop_at: int, hang: bool = False):
     """A run stopped dead after `stop_at` (killed, or stopped then killed): its workdir and
     local directory as the restart finds them."""
     wd, local = tmp_path / "wd", tmp_path / "local"
-    t = spawn([*BASE, "--workdir", wd, "--local-checkpoint-dir", local], tmp_path, "first", 2)
+    t = spawn([*BASE, "--workdir", wd, "--local-checkpoint-dir", local, "--compile-cache", cache],
+              tmp_path, "first", 2)  # fmt: skip
     t.wait_for(lambda: t.last_step() >= stop_at, what=f"step {stop_at}")
     # Both tiers' copies written whole before the stop: the bucket's step 8, the local 10 or 12.
     local_step = stop_at - 1 if stop_at % 2 else stop_at
@@ -55,34 +64,45 @@ def interrupted(spawn, tmp_path, stop_at: int, hang: bool = False):
     return wd, local
 
 
-@pytest.mark.parametrize("hang", [False, True], ids=["crash", "hang"])
-def test_a_restart_on_the_same_vm_restores_its_own_copy(spawn, tmp_path, reference, hang):
-    wd, local = interrupted(spawn, tmp_path, 11, hang)
-    again = run_ok(spawn, [*BASE, "--workdir", wd, "--local-checkpoint-dir", local],
-                   tmp_path, "again", 2)  # fmt: skip
-    found = restored(again)
-    assert found["tier"] == "local" and found["step"] >= 10, found
-    assert found["step"] > (found["persistent"] or 0)  # newer than the bucket's: fewer lost
-    assert summary(wd)["params_fingerprint"] == reference
+def restart(spawn, tmp_path, cache, wd, local, name: str) -> dict:
+    """The restart on the same VM; its `restored` event (the tier and the step)."""
+    again = run_ok(spawn, [*BASE, "--workdir", wd, "--local-checkpoint-dir", local,
+                           "--compile-cache", cache], tmp_path, name, 2)  # fmt: skip
+    return restored(again)
 
 
-def test_an_empty_or_damaged_local_copy_falls_back_to_the_bucket(spawn, tmp_path, reference):
-    wd, local = interrupted(spawn, tmp_path, 13)
-    # A recreated VM: an empty disk. Its restart reads the bucket's newest committed step.
-    fresh_wd = tmp_path / "recreated"
-    shutil.copytree(wd, fresh_wd)
-    empty = run_ok(spawn, [*BASE, "--workdir", fresh_wd, "--local-checkpoint-dir",
-                           tmp_path / "empty"], tmp_path, "recreated", 2)  # fmt: skip
-    assert restored(empty)["tier"] == "persistent" and restored(empty)["step"] == 8
-    assert summary(fresh_wd)["params_fingerprint"] == reference
-    # Every local copy damaged (one byte flipped): none verifies, the bucket's step is used.
-    for arrays in local.glob("*/arrays.bin"):
+def test_a_crash_restores_its_own_copy_and_an_empty_or_damaged_one_the_bucket(
+    spawn, tmp_path, cache, reference
+):
+    """One crash, three restarts: on the same disk (the local tier), on an empty disk (a
+    recreated VM: the bucket) and with every local copy damaged (one byte flipped: the bucket)."""
+    wd, local = interrupted(spawn, tmp_path, cache, 13)
+    variants = {}
+    for name in ("empty", "damaged"):
+        variants[name] = (tmp_path / f"{name}-wd", tmp_path / f"{name}-local")
+        shutil.copytree(wd, variants[name][0])
+    variants["damaged"][1].parent.mkdir(exist_ok=True)
+    shutil.copytree(local, variants["damaged"][1])
+    for arrays in variants["damaged"][1].glob("*/arrays.bin"):
         data = bytearray(arrays.read_bytes())
         data[len(data) // 2] ^= 0xFF
         arrays.write_bytes(bytes(data))
-    damaged = run_ok(spawn, [*BASE, "--workdir", wd, "--local-checkpoint-dir", local],
-                     tmp_path, "damaged", 2)  # fmt: skip
-    assert restored(damaged)["tier"] == "persistent" and restored(damaged)["step"] == 8
+
+    found = restart(spawn, tmp_path, cache, wd, local, "again")
+    assert found["tier"] == "local" and found["step"] >= 12, found
+    assert found["step"] > (found["persistent"] or 0)  # newer than the bucket's: fewer lost
+    assert summary(wd)["params_fingerprint"] == reference
+    for name, (v_wd, v_local) in variants.items():
+        found = restart(spawn, tmp_path, cache, v_wd, v_local, name)
+        assert (found["tier"], found["step"]) == ("persistent", 8), (name, found)
+        assert summary(v_wd)["params_fingerprint"] == reference, name
+
+
+def test_a_hang_restores_its_own_copy(spawn, tmp_path, cache, reference):
+    wd, local = interrupted(spawn, tmp_path, cache, 11, hang=True)
+    found = restart(spawn, tmp_path, cache, wd, local, "again")
+    assert found["tier"] == "local" and found["step"] >= 10, found
+    assert found["step"] > (found["persistent"] or 0)
     assert summary(wd)["params_fingerprint"] == reference
 
 
