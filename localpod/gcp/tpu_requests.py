@@ -88,7 +88,9 @@ def catalog_hosts(accelerator: object) -> int | None:
         found = catalog.lookup(accelerator) if isinstance(accelerator, str) else None
     except catalog.CatalogError:
         return None
-    return found.hosts if found and found.api_type == accelerator else None
+    # TPU7x comes only through Compute Engine: the TPU API refuses it as a type it does not offer.
+    offered = found is not None and found.generation.tpu_api and found.api_type == accelerator
+    return found.hosts if offered else None
 
 
 def check_node_id(node_id: str | None) -> None:

@@ -261,3 +261,12 @@ def test_delete_stockout_then_recreate_is_a_new_vm(pod: LocalPod, tpu, parent, s
     assert {k for _, k in after}.isdisjoint(k for _, k in before)  # new host keys
     known = pod.paths.known_hosts.read_text()
     assert known != known_before and all(k in known for _, k in after)
+
+
+def test_the_tpu_api_refuses_a_generation_only_compute_engine_makes() -> None:
+    """tpu7x-16 (two 4-chip hosts, as this pod's workers) is a real type, but not one the Cloud
+    TPU API makes; v6e-16 (four hosts) is, the control."""
+    from localpod.gcp.tpu_requests import catalog_hosts
+
+    assert catalog_hosts("tpu7x-16") is None
+    assert catalog_hosts("v6e-16") == 4 and catalog_hosts("v5litepod-16") == 4
