@@ -231,23 +231,16 @@ MIN_EVENTS = 3  # the recovery goal is a median of at least this many events per
 
 def checkpoint_interval(trainer_args: str) -> int | None:
     """The job's `checkpoint_every`: its --set override, else its preset's (None: unknown)."""
-    found = re.search(r"checkpoint_every=(\d+)", trainer_args or "")
-    if found:
-        return int(found.group(1))
-    preset = re.search(r"--config[ =](\S+)", trainer_args or "")
-    if preset is None:
-        return None
-    from trainer.config import load_config
-
-    try:
-        return load_config(preset.group(1)).checkpoint_every
-    except Exception:  # noqa: BLE001 - an unknown preset: the goal stays unjudged
-        return None
+    return _config_value(trainer_args, "checkpoint_every")
 
 
 def local_interval(trainer_args: str) -> int | None:
-    """The job's `local_checkpoint_every` (the local tier's interval): as checkpoint_interval."""
-    found = re.search(r"local_checkpoint_every=(\d+)", trainer_args or "")
+    """The job's `local_checkpoint_every` (the local tier's interval), likewise."""
+    return _config_value(trainer_args, "local_checkpoint_every")
+
+
+def _config_value(trainer_args: str, key: str) -> int | None:
+    found = re.search(rf"(?<![a-z_]){key}=(\d+)", trainer_args or "")
     if found:
         return int(found.group(1))
     preset = re.search(r"--config[ =](\S+)", trainer_args or "")
@@ -256,14 +249,17 @@ def local_interval(trainer_args: str) -> int | None:
     from trainer.config import load_config
 
     try:
-        return load_config(preset.group(1)).local_checkpoint_every
+        return getattr(load_config(preset.group(1)), key)
     except Exception:  # noqa: BLE001 - an unknown preset: the goal stays unjudged
         return None
 
 
 def two_tiers(result: dict) -> bool:
-    """The run's restarts could read a local tier (issue 50): some restore names its tier."""
-    return any(i.get("tier") for i in result.get("incidents", []))
+    """The run's restarts could read a local tier (issue 50): it writes one, and its restores
+    name their tier (a trainer from before the local tier names none)."""
+    return bool(local_interval(result.get("trainer_args", ""))) and any(
+        i.get("tier") for i in result.get("incidents", [])
+    )
 
 
 def losses(incs: list[dict]) -> list[Loss]:

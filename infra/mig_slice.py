@@ -18,6 +18,7 @@ import pulumi_gcp as gcp
 from infra import catalog
 from infra.component import child_options
 from infra.mig_spec import (
+    BOOT_DISK_GB,
     MigDeclaration,
     declare,
     mig_spec,
@@ -25,7 +26,7 @@ from infra.mig_spec import (
     template_name,
     template_properties,
 )
-from infra.node_spec import resource_path
+from infra.node_spec import CLOUD_PLATFORM_SCOPE, resource_path
 from infra.tpu_slice import CREATE_TIMEOUT, check_metadata_size
 
 
@@ -125,7 +126,6 @@ class MigSlice(pulumi.ComponentResource):
 
     def _template(self, name, mig, props, network, subnetwork, args, opts):
         """The template, named by what it holds (a change is a new template, made first)."""
-        scheduling = props.apply(lambda p: p["scheduling"])
         affinity = None
         if mig.reservation_affinity:
             found = mig.reservation_affinity
@@ -146,9 +146,7 @@ class MigSlice(pulumi.ComponentResource):
                     boot=True,
                     auto_delete=True,
                     source_image=mig.image,
-                    disk_size_gb=props.apply(
-                        lambda p: int(p["disks"][0]["initializeParams"]["diskSizeGb"])
-                    ),
+                    disk_size_gb=BOOT_DISK_GB,
                 )
             ],  # fmt: skip
             network_interfaces=[
@@ -158,16 +156,14 @@ class MigSlice(pulumi.ComponentResource):
             ],  # fmt: skip
             service_account=gcp.compute.InstanceTemplateServiceAccountArgs(
                 email=args.service_account_email,
-                scopes=props.apply(lambda p: p["serviceAccounts"][0]["scopes"]),
+                scopes=[CLOUD_PLATFORM_SCOPE],
             ),
             scheduling=gcp.compute.InstanceTemplateSchedulingArgs(
-                provisioning_model=scheduling.apply(lambda s: s["provisioningModel"]),
-                preemptible=scheduling.apply(lambda s: s.get("preemptible", False)),
-                automatic_restart=scheduling.apply(lambda s: s["automaticRestart"]),
-                on_host_maintenance=scheduling.apply(lambda s: s["onHostMaintenance"]),
-                instance_termination_action=scheduling.apply(
-                    lambda s: s.get("instanceTerminationAction")
-                ),
+                provisioning_model=mig.scheduling["provisioningModel"],
+                preemptible=mig.scheduling.get("preemptible", False),
+                automatic_restart=mig.scheduling["automaticRestart"],
+                on_host_maintenance=mig.scheduling["onHostMaintenance"],
+                instance_termination_action=mig.scheduling.get("instanceTerminationAction"),
             ),
             reservation_affinity=affinity,
             shielded_instance_config=gcp.compute.InstanceTemplateShieldedInstanceConfigArgs(
