@@ -127,7 +127,9 @@ phase_metadata() {
   local out="$BOOTSTRAP_STATE/metadata.sh" key var value
   : >"$out.tmp"
   # var:key:required
-  for spec in MD_WORKER:agent-worker-number:1 MD_ENDPOINTS:worker-network-endpoints:1 \
+  # The worker's index: agent-worker-number (Cloud TPU API), else worker-id (Compute Engine).
+  for spec in MD_WORKER:agent-worker-number:0 MD_WORKER_ID:worker-id:0 \
+    MD_ENDPOINTS:worker-network-endpoints:1 \
     MD_BUCKET:tpupod-bucket:1 MD_BUNDLE_OBJECT:tpupod-bundle-object:1 \
     MD_BUNDLE_SHA256:tpupod-bundle-sha256:1 MD_STACK:tpupod-stack:1 \
     MD_JOB:tpupod-job:1 MD_RUN_ID:tpupod-run-id:1 MD_RUN_DIR:tpupod-run-dir:1 \
@@ -146,7 +148,10 @@ phase_metadata() {
   mv "$out.tmp" "$out"
   # shellcheck source=/dev/null
   . "$out"
-  [[ "$MD_WORKER" =~ ^[0-9]+$ ]] || die "agent-worker-number is not a number: $MD_WORKER"
+  MD_WORKER=${MD_WORKER:-$MD_WORKER_ID}
+  [ -n "$MD_WORKER" ] || die "metadata keys agent-worker-number and worker-id are both missing"
+  printf 'export MD_WORKER=%q\n' "$MD_WORKER" >>"$out"
+  [[ "$MD_WORKER" =~ ^[0-9]+$ ]] || die "the worker's index is not a number: $MD_WORKER"
   [[ "$MD_BUNDLE_SHA256" =~ ^[0-9a-f]{64}$ ]] || die "tpupod-bundle-sha256 is not a sha256: $MD_BUNDLE_SHA256"
   [[ "$MD_ATTEMPT" =~ ^[0-9]*$ ]] || die "tpupod-attempt is not a number: $MD_ATTEMPT"
   echo "worker $MD_WORKER of stack $MD_STACK, run $MD_RUN_ID, bundle $MD_BUNDLE_SHA256"

@@ -24,6 +24,9 @@ COORDINATOR_PORT = "tpupod-coordinator-port"
 
 # Set by GCE / the TPU runtime itself, never by the Pulumi program.
 AGENT_WORKER_NUMBER = "agent-worker-number"
+# A TPU VM's index on Compute Engine, as a guide that builds TPU7x slices from a workload policy
+# reports it (not in Google's docs: unverified); the startup script takes either key.
+WORKER_ID = "worker-id"
 WORKER_NETWORK_ENDPOINTS = "worker-network-endpoints"
 ACCELERATOR_TYPE = "accelerator-type"
 

@@ -14,9 +14,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from localpod import faults
-from ops.cloud.slice import ProviderError, SliceState
+from ops.cloud.slice import Provider, ProviderError, SliceState
 from ops.cloud.storage_errors import STORAGE_ERRORS
-from ops.cloud.tpu import TpuProvider
 from ops.fleet.probe import Probe
 from ops.fleet.workers import WorkerGroup
 from ops.watch import Watcher
@@ -174,7 +173,7 @@ class TrainerProbe:
     """The jobs' status over SSH as the operator (what `tpupod status` shows); the node is
     only read through the TPU API, never changed."""
 
-    def __init__(self, provider: TpuProvider):
+    def __init__(self, provider: Provider):
         self.provider, self.group = provider, None
         self.probed_at = 0.0
 

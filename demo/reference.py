@@ -19,8 +19,9 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
+from ops.cloud.providers import provider_for
+from ops.cloud.slice import Provider
 from ops.cloud.target import ROOT, local_target
-from ops.cloud.tpu import TpuProvider
 from ops.commands.checkpoint_compare import Comparison
 from ops.fleet.workers import ROOT as REMOTE_ROOT
 from ops.fleet.workers import WorkerGroup, as_root
@@ -31,9 +32,9 @@ REFERENCE_COMMAND = (
 )
 
 
-def pod_provider(pod_dir) -> TpuProvider:
+def pod_provider(pod_dir) -> Provider:
     """The one provider, pointed at the local pod's TPU API through its endpoints.json."""
-    return TpuProvider(local_target(pod_dir))
+    return provider_for(local_target(pod_dir))
 
 
 def endpoints(pod_dir) -> dict:

@@ -91,6 +91,12 @@ def _up(args: argparse.Namespace) -> int:
     ):
         if chips is not None and chips < 0:
             raise PodError(f"{flag} {chips}: a quota of 0 chips or more")
+    if args.api == "compute" and args.create_via == "queued":
+        raise PodError("--api compute --create-via queued: queued resources exist only on the "
+                       "Cloud TPU API; a group through Compute Engine is created directly")  # fmt: skip
+    if args.api == "compute" and args.watcher:
+        raise PodError("--api compute --watcher: the Compute Engine path has no watcher VM (as "
+                       "its stacks declare none); run `tpupod watch --stack local` instead")  # fmt: skip
     script = args.startup_script
     if script is not None and not script.is_file():
         raise PodError(f"--startup-script {script}: no such file")
@@ -102,12 +108,13 @@ def _up(args: argparse.Namespace) -> int:
         startup_script=script,
         job=job,
         run_id=args.run_id,
-        create_via=args.create_via,
+        create_via=args.create_via or ("direct" if args.api == "compute" else "queued"),
         spot=not args.on_demand,
         queue_first=True,
         quota_chips=args.quota_chips,
         zone_quota_chips=args.zone_quota_chips,
         iam_stack=args.stack,
+        api=args.api,
     )
     console = Console()
     started = time.monotonic()
@@ -314,9 +321,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="an on-demand node (default spot): host maintenance reboots it, not ends it",
     )  # fmt: skip
     up.add_argument(
-        "--create-via", choices=CREATE_VIAS, default="queued",
+        "--api", choices=("tpu", "compute"), default="tpu",
+        help="which API makes the slice: a node through the Cloud TPU API, or a managed "
+        "instance group with a workload policy through Compute Engine (a TPU7x slice, as "
+        "tpupod:api) [tpu]",
+    )  # fmt: skip
+    up.add_argument(
+        "--create-via", choices=CREATE_VIAS,
         help="how the slice is created (here, and by recovery, as tpupod:createVia): a queued "
-        "resource (Google's recommendation) or nodes.create [queued]",
+        "resource (Google's recommendation) or nodes.create [queued; direct with --api compute]",
     )  # fmt: skip
     up.add_argument("--quota-chips", type=int, metavar="N",
                     help="the TPU API's chip quota in the pod's region, spot and on-demand each "

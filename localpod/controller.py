@@ -24,6 +24,9 @@ from urllib.parse import parse_qs, urlsplit
 from localpod import procs
 from localpod.gcp import identities, oslogin, secret_manager, storage, tokens, tpu_control
 from localpod.gcp.authz import POLICY_FILE, Gate
+from localpod.gcp.compute_api import ComputeApiServer
+from localpod.gcp.compute_kept import REGION
+from localpod.gcp.compute_service import ComputeService
 from localpod.gcp.iam_policy import OPERATOR
 from localpod.gcp.loopback import send_json
 from localpod.gcp.tpu_api import TpuApiServer
@@ -89,6 +92,7 @@ class Controller:
         self.metadata: MetadataServer | None = None
         self.api: ThreadingHTTPServer | None = None
         self.tpu: TpuApiServer | None = None
+        self.compute: ComputeApiServer | None = None
         self.slice: Slice | None = None
         self.kills: TimedKills | None = None
         self.oslogin: oslogin.OsLoginServer | None = None
@@ -129,6 +133,10 @@ class Controller:
         quota = Quota(**self.config.get("quota", {}))  # chips per region and per zone, per tier
         self.tpu = TpuApiServer(TpuService(self.slice, self.layout, quota), self.gate)
         self.tpu.start()
+        # Compute Engine's subset, on the same slice (and the same injected stockouts).
+        compute = ComputeService(self.slice, self.layout, self.tpu.service.faults)
+        self.compute = ComputeApiServer(compute, self.gate)
+        self.compute.start()
         # OS Login: keys imported here are what the workers' SSH servers (spawned after this,
         # inheriting the variable) accept for a service account's POSIX user.
         os.environ[oslogin.DIR_ENV] = str(self.paths.root / "oslogin")
@@ -159,6 +167,7 @@ class Controller:
             "client_key": str(self.paths.client_key),
         }
         published = endpoints(self.paths, self.layout, self.tpu.url, bucket)
+        published |= compute_endpoints(self.compute.url, self.config.get("api"))
         published["oslogin"] = self.oslogin.url  # like https://oslogin.googleapis.com
         published["secretmanager"] = self.secrets.url  # like https://secretmanager.googleapis.com
         published["identities"] = identities.for_pod(self.paths.root, key, self.gate.policy,
@@ -183,7 +192,7 @@ class Controller:
             self.api.server_close()
         if self.tpu:
             self.tpu.stop()
-        for server in (self.oslogin, self.secrets):
+        for server in (self.compute, self.oslogin, self.secrets):
             if server is not None:
                 server.stop()
         if self.metadata:
@@ -242,6 +251,15 @@ def endpoints(paths: PodPaths, layout: dict, tpu_api: str, bucket: str) -> dict:
             "ports": dict(zip(layout["addresses"], layout["ssh_ports"], strict=True)),
         },
     }
+
+
+def compute_endpoints(compute_api: str, api: str | None) -> dict:
+    """The Compute Engine API's root (what gcloud's `api_endpoint_overrides/compute` takes) and
+    the zone's region; with `--api compute`, the names of the group and its workload policy."""
+    found = {"compute_api": compute_api, "region": REGION}
+    if api == "compute":
+        found |= {"mig": NODE_ID, "workload_policy": f"{NODE_ID}-topology"}
+    return found
 
 
 class _ApiHandler(BaseHTTPRequestHandler):

@@ -32,7 +32,7 @@ from contract.layout import LOCAL_CHECKPOINTS
 from infra import cleanup, naming
 from infra.builtin_job import builtin
 from infra.bundle_archive import build_bundle
-from localpod import env_seed, procs
+from localpod import env_seed, pod_compute, procs
 from localpod.gcp import iam_policy, secret_manager, storage, storage_faults, tokens, tpu_client
 from localpod.gcp.authz import POLICY_FILE
 from localpod.gcp.identities import operator_token
@@ -98,6 +98,7 @@ class LocalPod(TpuAnswers):
         quota_chips: int | None = None,
         zone_quota_chips: int | None = None,
         iam_stack: str = iam_policy.DEFAULT_STACK,
+        api: str = "tpu",
     ) -> None:
         """`startup_script`: a Path is read, a str is the script itself, None is
         contract.metadata.startup_script(); read once by `up` into the node spec. `job`: what the
@@ -108,7 +109,15 @@ class LocalPod(TpuAnswers):
         `queue_first`: `up` files a queued resource too (else nodes.create, as `pulumi up`);
         `quota_chips`, `zone_quota_chips`: the TPU API's chip quota per region and per zone,
         each tier its own (localpod.gcp.tpu_quota; None: no limit). `iam_stack`: the stack whose IAM
-        (identities, grants, enabled services) the pod's cloud enforces (localpod.gcp.iam_policy)."""
+        (identities, grants, enabled services) the pod's cloud enforces (localpod.gcp.iam_policy).
+        `api`: `tpu` (a node through the Cloud TPU API) or `compute` (a managed instance group
+        through Compute Engine: localpod.pod_compute; created directly, never queued)."""
+        if api not in ("tpu", "compute"):
+            raise PodError(f"api {api!r}: use tpu or compute")
+        self.api = api
+        if api == "compute":
+            pod_compute.accelerator_for(workers)  # a shape Compute Engine makes, or one line
+            create_via, queue_first = "direct", False
         self.paths = PodPaths(Path(pod_dir).resolve() if pod_dir else default_pod_dir())
         self.workers = workers
         self.devices_per_worker = devices_per_worker
@@ -205,6 +214,7 @@ class LocalPod(TpuAnswers):
                 "bucket": self.bucket,
                 "stack": self.stack,
                 "quota": self.quota,
+                "api": self.api,
             },
         )
         try:
@@ -275,6 +285,14 @@ class LocalPod(TpuAnswers):
             script=script,
         )
         endpoints = self.endpoints()
+        if self.api == "compute":
+            spec = pod_compute.compute_spec(
+                endpoints=endpoints, node_metadata=node_metadata, workers=self.workers,
+                spot=self.spot, labels=naming.owner_labels(self.stack, self.run_id),
+                account=self._policy().accounts["workers"], zones=self.capacity["zones"],
+            )  # fmt: skip
+            write_json(self.paths.node_spec, spec)
+            return spec
         spec = {
             "capacity": self.capacity,
             "parent": f"projects/{endpoints['project']}/locations/{endpoints['zone']}",
@@ -303,6 +321,10 @@ class LocalPod(TpuAnswers):
 
         watcher_vm.stop(self.paths.root)
         stack = self._config().get("stack", self.stack)
+        spec = read_json(self.paths.node_spec) or {}
+        if spec.get("api") == "compute":  # the group, wherever recovery moved it
+            with contextlib.suppress(PodError):
+                pod_compute.delete(self.endpoints(), spec, timeout)
         return tpu_client.delete_owned(self.endpoints(), stack, ZONES, timeout)
 
     def _policy(self) -> iam_policy.Policy:
@@ -369,12 +391,20 @@ class LocalPod(TpuAnswers):
         spec = read_json(self.paths.node_spec)
         if spec is None:
             raise PodError(f"no node spec {self.paths.node_spec}: run `tpupod local up`")
+        if spec.get("api") == "compute":
+            pod_compute.create(self.endpoints(), spec, timeout=timeout if wait else None)
+            return self.describe()
         make = tpu_client.create_queued if self.queue_first else tpu_client.create_node
         make(self.endpoints(), spec, timeout=timeout if wait else None)
         return self.describe()
 
     def delete(self, wait: bool = True, timeout: float = 60.0) -> PodInfo:
-        """nodes.delete of whichever node exists, through the TPU API."""
+        """nodes.delete of whichever node exists, through the TPU API (the group, through
+        Compute Engine, on that path)."""
+        spec = read_json(self.paths.node_spec) or {}
+        if spec.get("api") == "compute":
+            pod_compute.delete(self.endpoints(), spec, timeout=timeout if wait else None)
+            return self.describe()
         tpu_client.delete_node(self.endpoints(), timeout=timeout if wait else None)
         return self.describe()
 

@@ -142,13 +142,13 @@ def pod_metadata(
 
 
 def worker_attributes(
-    node_metadata: dict[str, str], addresses: list[str], accelerator: str
-) -> dict[int, dict[str, str]]:
-    """`instance/attributes/*` for each worker: the request's metadata plus GCE's own keys."""
+    node_metadata: dict[str, str], addresses: list[str], accelerator: str,
+    worker_key: str = metadata.AGENT_WORKER_NUMBER,
+) -> dict[int, dict[str, str]]:  # fmt: skip
+    """`instance/attributes/*` for each worker: the request's metadata plus GCE's own keys (the
+    worker's index under `worker_key`: agent-worker-number on a TPU API node, worker-id on a
+    Compute Engine TPU VM)."""
     common = dict(node_metadata)
     common[metadata.WORKER_NETWORK_ENDPOINTS] = metadata.network_endpoints_value(addresses)
     common[metadata.ACCELERATOR_TYPE] = accelerator
-    return {
-        index: {**common, metadata.AGENT_WORKER_NUMBER: str(index)}
-        for index in range(len(addresses))
-    }
+    return {index: {**common, worker_key: str(index)} for index in range(len(addresses))}

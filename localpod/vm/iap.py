@@ -4,8 +4,8 @@
 
 does what `gcloud compute start-iap-tunnel INSTANCE 22 --listen-on-stdin --zone Z --project P`
 does for `gcloud compute tpus tpu-vm ssh --tunnel-through-iap`: it resolves INSTANCE among the
-TPU workers of that project and zone, by the `hostname` guest attribute the TPU API serves for
-each worker, and relays stdin/stdout to that worker's SSH port. Only a real instance name of a
+Compute Engine instances of that project and zone (a slice through Compute Engine), else among
+the TPU workers, by the `hostname` guest attribute the TPU API serves for each, and relays stdin/stdout to that worker's SSH port. Only a real instance name of a
 live node resolves; anything else is one line on stderr and exit 1, as gcloud fails.
 
 It acts as the operator, whose gcloud credentials the real tunnel carries: its TPU API calls send
@@ -74,12 +74,28 @@ def authorize_tunnel(endpoints: dict, token: str, project: str, zone: str, insta
 
 
 def resolve(endpoints: dict, instance: str, zone: str, project: str) -> tuple[str, int]:
-    """(address, SSH port) of the worker whose guest-attribute hostname is `instance`."""
-    location = f"{endpoints['tpu_api']}v2/projects/{project}/locations/{zone}"
+    """(address, SSH port) of the VM named `instance`: a Compute Engine instance (its first
+    network interface, as gcloud's tunnel reads it), else the TPU worker whose guest-attribute
+    hostname it is."""
     try:
         token = operator_token(endpoints)
     except PodError as err:
         raise TunnelError(ERROR + str(err)) from None
+    if endpoints.get("compute_api"):
+        url = f"{endpoints['compute_api']}compute/v1/projects/{project}/zones/{zone}/instances"
+        try:
+            vm = _call(f"{url}/{instance}", token)
+        except TunnelError as err:
+            if "was not found" not in str(err):
+                raise
+        else:
+            address = (vm.get("networkInterfaces") or [{}])[0].get("networkIP")
+            port = endpoints["ssh"]["ports"].get(address)
+            if port is None:
+                raise TunnelError(CONNECT_FAILED)
+            authorize_tunnel(endpoints, token, project, zone, instance)
+            return address, int(port)
+    location = f"{endpoints['tpu_api']}v2/projects/{project}/locations/{zone}"
     for node in _call(f"{location}/nodes", token).get("nodes", []):
         name = node["name"].rsplit("/", 1)[-1]
         answer = _call(f"{location}/nodes/{name}:getGuestAttributes", token, {})

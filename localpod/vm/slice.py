@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from contract import metadata
 from localpod import procs
 from localpod.state import PodError, PodPaths, SliceState, check_transition
 from localpod.vm import worker_vm
@@ -129,22 +130,28 @@ class Slice:
         node_metadata: dict[str, str],
         on_done: Callable[[], None] | None = None,
         accelerator: str | None = None,
+        hostnames: list[str] | None = None,
+        worker_key: str = metadata.AGENT_WORKER_NUMBER,
     ) -> None:
         """Boot every worker from `node_metadata` (the nodes.create request's metadata);
         `accelerator` is the request's acceleratorType, what workers read as `accelerator-type`
-        (default: the pod's own `cpu-N`)."""
+        (default: the pod's own `cpu-N`); `hostnames`: the VMs' names (default: a TPU VM's
+        `t1v-n-<hex>-w-<i>`; a managed instance group names its own); `worker_key`: the
+        metadata key of each worker's index (localpod.vm.environment.worker_attributes)."""
         begin = partial(self._set, SliceState.CREATING, detail="creating")
-        target = partial(self._create, node_metadata, accelerator)
+        target = partial(self._create, node_metadata, accelerator, hostnames, worker_key)
         self._start_op("create", {SliceState.MISSING}, target, begin, on_done)
 
-    def _create(self, node_metadata: dict[str, str], accelerator: str | None = None) -> None:
+    def _create(self, node_metadata: dict[str, str], accelerator: str | None = None,
+                names: list[str] | None = None,
+                worker_key: str = metadata.AGENT_WORKER_NUMBER) -> None:  # fmt: skip
         try:
             addresses = self.layout["addresses"]
             own = accelerator_type(len(addresses), self.layout["devices_per_worker"])
             accelerator = accelerator or own
-            attributes = worker_attributes(node_metadata, addresses, accelerator)
+            attributes = worker_attributes(node_metadata, addresses, accelerator, worker_key)
             prefix = f"t1v-n-{secrets.token_hex(4)}"  # a new VM: a new instance name
-            hostnames = {i: f"{prefix}-w-{i}" for i in attributes}
+            hostnames = {i: names[i] if names else f"{prefix}-w-{i}" for i in attributes}
             self.store.set_attributes(attributes, hostnames)
             self.store.set_preempted(False)
             instances = [self._spawn_agent(i, hostnames[i]) for i in range(len(addresses))]

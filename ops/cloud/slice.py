@@ -1,13 +1,15 @@
-"""What ops knows about a slice: the TPU node's state and how to reach each worker.
+"""What ops knows about a slice: its state and how to reach each worker, and the provider seam.
 
-`ops.cloud.tpu.TpuProvider` (the only provider) fills these from the Cloud TPU API, on GCP and against
-the local pod's copy of that API alike; everything above it (Fabric layer, status, watch, demo)
-reads only these types.
+Two providers fill these: `ops.cloud.tpu.TpuProvider` from the Cloud TPU API (a node) and
+`ops.cloud.compute.ComputeProvider` from Compute Engine (a managed instance group), on GCP and
+against the local pod's copies of those APIs alike; everything above them (Fabric layer, status,
+watch, demo) reads only these types.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from contract.metadata import BUNDLE_SHA256
 from contract.node_state import SliceState  # noqa: F401 - re-exported for ops
@@ -50,3 +52,44 @@ class SliceInfo:
 
 class ProviderError(Exception):
     """The TPU API cannot be used: the message is one line saying what to fix."""
+
+
+class ZoneCursor:
+    """Where a provider's slice is now: one of tpupod:zones (`zones`), moved on by recovery."""
+
+    zone: str
+    zones: list[str]
+
+    def move_to(self, zone: str) -> None:
+        if zone not in self.zones:
+            raise ProviderError(f"zone {zone} is not one of tpupod:zones ({', '.join(self.zones)})")
+        self.zone = zone
+
+    def next_zone(self) -> str:
+        """The zone after this one in tpupod:zones (round and round)."""
+        return self.zones[(self.zones.index(self.zone) + 1) % len(self.zones)]
+
+
+class Provider(Protocol):
+    """The seam recovery and the commands drive: one per API (ops.cloud.providers.provider_for).
+    Reads return SliceInfo; writes return a long-running operation's name at once (None: nothing
+    to do), which `operation` polls; queued resources exist on the TPU API only."""
+
+    target: Any
+    name: str
+    zone: str
+    zones: list[str]
+    queued: bool
+    capacity: dict
+
+    def describe(self) -> SliceInfo: ...
+    def refresh_spec(self) -> list[str]: ...
+    def operation(self, name: str) -> Any: ...
+    def request_status(self, zone: str | None = None) -> Any: ...
+    def abandon_request(self, zone: str | None = None) -> bool: ...
+    def start_delete(self) -> str | None: ...
+    def start_create(self, attempt: int | None = None) -> str | None: ...
+    def recreate(self, timeout: float = 600.0, poll: float = 0.5) -> Any: ...
+    def move_to(self, zone: str) -> None: ...
+    def next_zone(self) -> str: ...
+    def owned(self) -> list: ...

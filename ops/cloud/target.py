@@ -31,6 +31,8 @@ IAP_PROXY = (
     "--zone {zone} --project {project} --verbosity warning"
 )
 VIAS = ("iap", "internal")
+COMPUTE = "compute"  # a spec's `api` for a slice through Compute Engine (infra.mig_spec)
+COMPUTE_KEYS = ("project", "zone", "region", "workload_policy", "template", "manager")
 PULUMI_MISSING = (
     "the Pulumi CLI is not installed: install it (https://www.pulumi.com/docs/install/) and run "
     "`pulumi login`, or pass --spec FILE (the stack's `node_spec` output)"
@@ -57,6 +59,12 @@ class Target:
     api_endpoint: str | None = None  # None: Google's default endpoint
     token_file: str | None = None  # a bearer token to send (ops.cloud.credentials); None: ADC
     storage_endpoint: str | None = None  # the local pod's GCS emulator; None: Google's
+    compute_endpoint: str | None = None  # the local pod's Compute Engine API; None: Google's
+
+    @property
+    def api(self) -> str:
+        """Which API makes the slice: `compute` (a managed instance group) or `tpu` (a node)."""
+        return COMPUTE if self.spec.get("api") == COMPUTE else "tpu"
 
     @property
     def parent(self) -> str:
@@ -80,7 +88,11 @@ class Target:
 
     @property
     def metadata(self) -> dict[str, str]:
-        """The node's metadata as declared (tpupod's keys: contract.metadata)."""
+        """The slice's metadata as declared (tpupod's keys: contract.metadata): the node's, or
+        the instance template's."""
+        if self.api == COMPUTE:
+            items = ((self.spec.get("template") or {}).get("properties") or {}).get("metadata")
+            return {i["key"]: i.get("value", "") for i in (items or {}).get("items") or []}
         return dict(self.spec.get("node", {}).get("metadata") or {})
 
     def job(self) -> JobSpec | None:
@@ -140,11 +152,12 @@ def local_target(pod_dir: Path) -> Target:
         ep = json.loads(path.read_text())
         ssh = ep["ssh"]
         spec = read_spec(Path(ep["spec_file"]))
+        compute = spec.get("api") == COMPUTE
         return Target(
             stack=LOCAL,
             project=ep["project"],
-            zone=ep["zone"],
-            node=ep["node"],
+            zone=spec["zone"] if compute else ep["zone"],
+            node=spec["manager"]["name"] if compute else ep["node"],
             spec=spec,
             ssh=SshSettings(
                 # the local watcher VM logs in as its OS Login user (ops.fleet.oslogin), like on GCP
@@ -157,6 +170,7 @@ def local_target(pod_dir: Path) -> Target:
             api_endpoint=ep["tpu_api"].rstrip("/"),
             token_file=_local_token_file(ep),
             storage_endpoint=os.environ.get("STORAGE_EMULATOR_HOST") or ep.get("storage"),
+            compute_endpoint=(ep.get("compute_api") or "").rstrip("/") or None,
         )
     except (ValueError, KeyError, TypeError) as err:
         raise ProviderError(f"{path}: unreadable endpoints ({err!r}); restart the pod") from None
@@ -181,15 +195,15 @@ def read_spec(path: Path) -> dict:
 
 
 def check_spec(spec, where: str) -> dict:
-    if isinstance(spec, dict) and spec.get("api") == "compute":
-        manager = spec.get("manager") or {}
-        raise ProviderError(
-            f"{where}: the slice is a Compute Engine managed instance group "
-            f"({manager.get('name')} in {spec.get('zone')}); tpupod's recovery and commands "
-            "drive only the Cloud TPU API so far: list its VMs with `gcloud compute "
-            f"instance-groups managed list-instances {manager.get('name')} --zone "
-            f"{spec.get('zone')}`"
-        )
+    if isinstance(spec, dict) and spec.get("api") == COMPUTE:
+        missing = [k for k in COMPUTE_KEYS if not spec.get(k)]
+        if missing or not (spec.get("manager") or {}).get("name"):
+            raise ProviderError(
+                f"{where}: a Compute Engine slice spec needs {', '.join(COMPUTE_KEYS)} and the "
+                f"group's name (missing: {', '.join(missing) or 'manager.name'}); export it "
+                "again: `pulumi stack output node_spec --json`"
+            )
+        return spec
     if not isinstance(spec, dict) or not all(k in spec for k in ("parent", "node_id", "node")):
         raise ProviderError(
             f"{where}: a node spec needs `parent`, `node_id` and `node` "
@@ -206,14 +220,18 @@ def gcp_target(stack: str, spec_file: Path | None, cache: Path) -> Target:
         spec = read_spec(spec_file)
     else:
         spec = check_spec(cached_outputs(stack, cache)["node_spec"], f"stack {stack} node_spec")
-    _, project, _, zone = spec["parent"].split("/")
+    if spec.get("api") == COMPUTE:
+        project, zone, node = spec["project"], spec["zone"], spec["manager"]["name"]
+    else:
+        _, project, _, zone = spec["parent"].split("/")
+        node = spec["node_id"]
     user = os.environ.get("TPUPOD_SSH_USER") or getpass.getuser()
     key = os.environ.get("TPUPOD_SSH_KEY") or _default_key()
     return Target(
         stack=stack,
         project=project,
         zone=zone,
-        node=spec["node_id"],
+        node=node,
         spec=spec,
         ssh=SshSettings(user=user, key_file=key, via=_via()),
     )

@@ -1,4 +1,4 @@
-"""The one provider: the Cloud TPU v2 API through Google's client (google-cloud-tpu, REST).
+"""The TPU API's provider: the Cloud TPU v2 API through Google's client (google-cloud-tpu, REST).
 
 On GCP it uses Application Default Credentials and Google's endpoint; for the local pod the
 pod's own copy of the API on loopback with the operator's token (ops.cloud.credentials). Describe reads the live node
@@ -22,7 +22,7 @@ from google.cloud import tpu_v2
 from contract import metadata
 from ops.cloud import queued
 from ops.cloud.credentials import credentials
-from ops.cloud.slice import ProviderError, SliceInfo, SliceState, Worker
+from ops.cloud.slice import ProviderError, SliceInfo, SliceState, Worker, ZoneCursor
 from ops.cloud.target import Target
 from ops.cloud.tpu_errors import is_stockout, judged, refused
 from ops.cloud.tpu_fields import enum_name, symptoms, unnamed
@@ -42,7 +42,7 @@ class OperationStatus:
         return self.done and is_stockout(self.error_code, self.error_message)
 
 
-class TpuProvider:
+class TpuProvider(ZoneCursor):
     """One node of one target; `client` may be given (tests), else built on first use.
 
     The node lives in one zone of the target's `tpupod:zones` at a time (`zone`); recovery moves
@@ -81,15 +81,6 @@ class TpuProvider:
     def request_in(self, zone: str) -> str:
         """The queued resource that asks for the node in `zone` (one of tpupod:zones)."""
         return f"projects/{self.target.project}/locations/{zone}/queuedResources/{self.target.node}"
-
-    def move_to(self, zone: str) -> None:
-        if zone not in self.zones:
-            raise ProviderError(f"zone {zone} is not one of tpupod:zones ({', '.join(self.zones)})")
-        self.zone = zone
-
-    def next_zone(self) -> str:
-        """The zone after this one in tpupod:zones (round and round)."""
-        return self.zones[(self.zones.index(self.zone) + 1) % len(self.zones)]
 
     def node_from_spec(self) -> tpu_v2.Node:
         try:
@@ -276,6 +267,13 @@ class TpuProvider:
                 raise ProviderError(f"queued resource of {self.name} still {state}")
             time.sleep(poll)
         return status
+
+    def owned(self) -> list:
+        """Every node and queued resource labelled with the stack, in each of tpupod:zones: what
+        `pulumi destroy --run-program` deletes (infra.cleanup; CleanupError when unreadable)."""
+        from infra import cleanup
+
+        return cleanup.list_owned(self.client, self.target.project, self.zones, self.target.stack)
 
     def _call(self, what: str, method, **kwargs):
         try:

@@ -20,9 +20,8 @@ import time
 from rich.console import Console
 
 from ops.cli import CliError
-from ops.cloud.slice import ProviderError, SliceState
+from ops.cloud.slice import Provider, ProviderError, SliceState
 from ops.cloud.storage_errors import STORAGE_ERRORS
-from ops.cloud.tpu import TpuProvider
 from ops.commands.slice import provider_for, ready_workers, stack_options
 from ops.fleet.workers import WorkerError, WorkerGroup
 from ops.watch.deadlines import GCP
@@ -48,7 +47,7 @@ def restart_job(group: WorkerGroup, console: Console, start: bool = True) -> int
     return attempt
 
 
-def bucket_state(provider: TpuProvider) -> RemoteState:
+def bucket_state(provider: Provider) -> RemoteState:
     try:
         state = RemoteState.for_target(provider.target)
         state.check()

@@ -13,9 +13,9 @@ from rich.console import Console
 from contract.job import JobSpec
 from infra import cleanup
 from ops.cli import CliError
-from ops.cloud.slice import ProviderError, SliceInfo, SliceState
+from ops.cloud import providers
+from ops.cloud.slice import Provider, ProviderError, SliceInfo, SliceState
 from ops.cloud.target import LOCAL, load_target, state_dir
-from ops.cloud.tpu import TpuProvider
 from ops.commands.tables import owned_table, run_line, slice_table, worker_table
 from ops.fleet.workers import ROOT as REMOTE_ROOT
 from ops.fleet.workers import WorkerGroup
@@ -27,8 +27,8 @@ from ops.watch.deadlines import config_for
 LOG_FILES = {"job": "job.log", "bootstrap": "bootstrap.log"}
 
 
-def provider_for(args: argparse.Namespace) -> TpuProvider:
-    """The one provider, for the target `--stack` (and `--pod-dir` / `--spec`) name."""
+def provider_for(args: argparse.Namespace) -> Provider:
+    """The provider of the target `--stack` (and `--pod-dir` / `--spec`) names."""
     try:
         target = load_target(
             args.stack,
@@ -38,7 +38,7 @@ def provider_for(args: argparse.Namespace) -> TpuProvider:
         )
     except ProviderError as err:
         raise CliError(str(err)) from None
-    return TpuProvider(target)
+    return providers.provider_for(target)
 
 
 def state_dir_for(args: argparse.Namespace) -> Path:
@@ -47,14 +47,14 @@ def state_dir_for(args: argparse.Namespace) -> Path:
     return Path(journal).parent if journal else state_dir(args.stack)
 
 
-def describe(provider: TpuProvider) -> SliceInfo:
+def describe(provider: Provider) -> SliceInfo:
     try:
         return provider.describe()
     except ProviderError as err:
         raise CliError(str(err)) from None
 
 
-def ready_workers(provider: TpuProvider) -> SliceInfo:
+def ready_workers(provider: Provider) -> SliceInfo:
     info = describe(provider)
     if info.state is not SliceState.READY or not info.workers:
         raise CliError(f"slice {provider.name} is {info.state}: nothing to reach over SSH")
@@ -81,12 +81,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def owned(provider: TpuProvider) -> list[cleanup.Owned]:
+def owned(provider: Provider) -> list[cleanup.Owned]:
     """Every node and queued resource labelled with the stack, in each of tpupod:zones: what
     `pulumi destroy --run-program` deletes (infra.cleanup)."""
     try:
-        return cleanup.list_owned(provider.client, provider.target.project, provider.zones,
-                                  provider.target.stack)  # fmt: skip
+        return provider.owned()
     except cleanup.CleanupError as err:
         raise CliError(str(err)) from None
 

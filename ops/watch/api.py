@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ops.cloud.slice import SliceInfo
-from ops.cloud.tpu import TpuProvider
+from ops.cloud.slice import Provider, SliceInfo
 from ops.fleet.probe import Probe
 from ops.fleet.workers import WorkerGroup
 from ops.watch.deadlines import WatchConfig
@@ -22,7 +21,7 @@ class GiveUp(Exception):
 class WatcherApi(Protocol):
     """What an action may use of the watcher (ops.watch.watcher.Watcher)."""
 
-    provider: TpuProvider
+    provider: Provider
     journal: Journal
     config: WatchConfig
     state: WatchState

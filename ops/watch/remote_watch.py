@@ -15,9 +15,8 @@ from rich.console import Console
 
 from contract.layout import attempt_dir
 from contract.metadata import RUN_DIR
-from ops.cloud.slice import ProviderError
+from ops.cloud.slice import Provider, ProviderError
 from ops.cloud.storage_errors import STORAGE_ERRORS
-from ops.cloud.tpu import TpuProvider
 from ops.watch import EXIT_DONE, EXIT_GAVE_UP, WatchConfig, Watcher
 from ops.watch.journal import Journal, echo
 from ops.watch.lease import Lease, LeaseView, Observer, default_holder, run_leased
@@ -26,14 +25,14 @@ from ops.watch.remote_state import CALL_TIMEOUT, RemoteState, open_bucket
 LEASE_TTL = {"local": 15.0, "gcp": 120.0}  # seconds; the holder renews every ttl/4
 
 
-def remote_state(provider: TpuProvider) -> RemoteState:
+def remote_state(provider: Provider) -> RemoteState:
     state = RemoteState.for_target(provider.target)
     state.check()
     return state
 
 
 def watch_with_lease(
-    provider: TpuProvider,
+    provider: Provider,
     config: WatchConfig,
     journal_file: Path,
     console: Console,
@@ -81,7 +80,7 @@ def observe(state: RemoteState, observer: Observer, poll: float) -> int:
 
 
 # -- status and logs ------------------------------------------------------------------------------
-def watcher_lines(provider: TpuProvider, last: int = 5) -> list[str]:
+def watcher_lines(provider: Provider, last: int = 5) -> list[str]:
     """Heartbeat, lease holder and the last journal events, as `tpupod status` prints them."""
     try:
         state = RemoteState.for_target(provider.target)
@@ -98,7 +97,7 @@ def watcher_lines(provider: TpuProvider, last: int = 5) -> list[str]:
     return lines
 
 
-def restart_lines(provider: TpuProvider) -> list[str]:
+def restart_lines(provider: Provider) -> list[str]:
     """Every restart of the run and why, from the journal: one line per attempt started."""
     try:
         state = RemoteState.for_target(provider.target)
@@ -134,7 +133,7 @@ def restarts_of(records: list[dict], hold: dict | None) -> list[str]:
     return ["restarts:", *lines] if lines else []
 
 
-def attempt_logs(provider: TpuProvider, attempt: int, worker: int | None) -> list[tuple[str, str]]:
+def attempt_logs(provider: Provider, attempt: int, worker: int | None) -> list[tuple[str, str]]:
     """(gs:// URI, text) of attempt `attempt`'s job output, per worker, from the run directory."""
     run_dir = provider.target.metadata.get(RUN_DIR)
     if not run_dir:
@@ -164,7 +163,7 @@ def describe_lease(view: LeaseView | None) -> str:
     return f"watcher: none acting; last holder {view.holder} ({beat}, lease expired)"
 
 
-def follow_journal(provider: TpuProvider, lines: int, follow: bool, console: Console) -> int:
+def follow_journal(provider: Provider, lines: int, follow: bool, console: Console) -> int:
     """`tpupod logs --watcher`: the last `lines` events from the bucket, then new ones."""
     try:
         state = RemoteState.for_target(provider.target)

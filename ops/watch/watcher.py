@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from ops.cloud.slice import ProviderError
-from ops.cloud.tpu import TpuProvider
+from ops.cloud.slice import Provider, ProviderError
 from ops.cloud.tpu_errors import Refused, Stockout
 from ops.fleet.probe import Probe
 from ops.fleet.workers import WorkerGroup
@@ -68,7 +67,7 @@ DEFAULT_KIND = {Action.OPEN_RESTART: "crash", Action.RESTART_FREE: "crash"}
 class Watcher:
     def __init__(
         self,
-        provider: TpuProvider,
+        provider: Provider,
         journal: Journal,
         config: WatchConfig | None = None,
         on_poll: Callable[[Watcher, list[Probe]], None] | None = None,

@@ -6,6 +6,8 @@ checkpoint equals, array by array and bitwise, the same job's run without faults
 - flax-plain (no helper) meets a preemption with notice and exits 0 once its save is committed
   (as MaxText and Orbax's guide do): a preemption, not done.
 - flax-helper (tpupod_job) meets a preemption without notice: a kill, back to its last save.
+- flax-plain again on the Compute Engine path: the slice a managed instance group, recreated by
+  the same watcher through the pod's Compute Engine API.
 - wrong-resume resumes at its latest step instead of the one after it: the comparison must say
   NOT equal (the negative control: a comparison that cannot fail proves nothing). On the pod
   it is `slow`; CI runs the same program and comparison without a pod
@@ -63,12 +65,14 @@ def against_reference(pod: LocalPod) -> Comparison:
 
 # The helper-library job with a kill without notice is `slow` (CI stays under 20 minutes): the
 # job contract test recovers a user job from a preemption without notice in CI.
-@pytest.mark.parametrize(("name", "notice"), [
-    ("flax-plain", NOTICE_S), pytest.param("flax-helper", 0.0, marks=pytest.mark.slow)])  # fmt: skip
-def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, tmp_path):
+# The Compute Engine path (a managed instance group: issue 51) heals the same job the same way.
+@pytest.mark.parametrize(("name", "notice", "api"), [
+    ("flax-plain", NOTICE_S, "tpu"), ("flax-plain", NOTICE_S, "compute"),
+    pytest.param("flax-helper", 0.0, "tpu", marks=pytest.mark.slow)])  # fmt: skip
+def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, api, tmp_path):
     job = jobs.load(EXAMPLES / name)
     steps = job.spec.steps
-    pod = LocalPod(tmp_path / "pod", workers=2, job=job)
+    pod = LocalPod(tmp_path / "pod", workers=2, job=job, api=api)
     try:
         pod.up()
         pod.package_index(reachable=False)  # as in a VPC without NAT: the recreate has the bucket

@@ -183,15 +183,28 @@ def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_anoth
     assert "after" not in restarts_of(journal("a"), None)[1]
 
 
-def test_a_compute_engine_spec_is_one_line_naming_what_to_use(capsys, tmp_path):
-    """A Compute Engine stack's spec (tpupod:api: compute): recovery does not drive it yet, and
-    says so in one line instead of reading it as a TPU API node."""
+def test_a_compute_engine_spec_gets_the_compute_provider(capsys, tmp_path):
+    """A Compute Engine stack's spec (tpupod:api: compute, exported by the Pulumi program) is read
+    as its group, in its zone, by ComputeProvider (issue 51); a spec missing the group is one
+    line naming what it lacks."""
     from infra import offline
+    from ops.cloud.compute import ComputeProvider
+    from ops.cloud.providers import provider_for
+    from ops.cloud.target import load_target
 
     spec = offline.evaluate("tpu7x-16").values["node_spec"]
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
+    target = load_target("tpu7x-16", spec_file=path, cache_dir=tmp_path)
+    assert (target.api, target.node, target.zone) == ("compute", "tpupod-tpu7x-16",
+                                                      "us-central1-c")  # fmt: skip
+    assert target.metadata["tpupod-stack"] == "tpu7x-16"  # the template's metadata
+    provider = provider_for(target)
+    assert isinstance(provider, ComputeProvider) and not provider.queued
+    assert provider.zones[0] == "us-central1-c"
+    del spec["manager"]
+    path.write_text(json.dumps(spec))
     assert main(["status", "--stack", "tpu7x-16", "--spec", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "is a Compute Engine managed instance group (tpupod-tpu7x-16 in us-central1-c)" in err
-    assert "list-instances tpupod-tpu7x-16 --zone us-central1-c" in err and "\n" not in err
+    assert "a Compute Engine slice spec needs" in err and "missing: manager" in err
+    assert "\n" not in err

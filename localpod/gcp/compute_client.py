@@ -1,0 +1,102 @@
+"""The pod's own calls to its Compute Engine API, made with Google's client (google-cloud-compute
+over REST, the operator's token at the pod's `compute_api`): what `pulumi up` does for a slice
+through Compute Engine (the workload policy, the template, the group), and what `pulumi destroy`
+undoes. The pod's own code: the local cloud shares none with ops."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+from localpod.gcp.identities import operator_token
+from localpod.state import PodError
+
+POLL_S = 0.1
+
+
+def _clients(endpoints: dict):
+    from google.cloud import compute_v1
+    from google.oauth2.credentials import Credentials
+
+    options = {"api_endpoint": endpoints["compute_api"].rstrip("/")}
+    creds = Credentials(token=operator_token(endpoints))
+
+    def make(cls):
+        return cls(transport="rest", credentials=creds, client_options=options)
+
+    return (make(compute_v1.ResourcePoliciesClient), make(compute_v1.InstanceTemplatesClient),
+            make(compute_v1.InstanceGroupManagersClient))  # fmt: skip
+
+
+def create_mig(endpoints: dict, spec: dict, timeout: float | None) -> None:
+    """The spec's workload policy and template (kept when they exist, as `pulumi up` leaves
+    them), then its group; with a `timeout`, waits until every VM is RUNNING."""
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    policies, templates, groups = _clients(endpoints)
+    project, region, zone = spec["project"], spec["region"], spec["zone"]
+    manager = spec["manager"]
+    try:
+        with contextlib.suppress(exceptions.Conflict):
+            policies.insert(project=project, region=region,
+                            resource_policy_resource=compute_v1.ResourcePolicy.from_json(
+                                json.dumps(spec["workload_policy"]))).result(timeout=30)  # fmt: skip
+        with contextlib.suppress(exceptions.Conflict):
+            templates.insert(project=project,
+                             instance_template_resource=compute_v1.InstanceTemplate.from_json(
+                                 json.dumps(spec["template"]))).result(timeout=30)  # fmt: skip
+        groups.insert(project=project, zone=zone,
+                      instance_group_manager_resource=compute_v1.InstanceGroupManager.from_json(
+                          json.dumps(manager))).result(timeout=30)  # fmt: skip
+    except exceptions.GoogleAPICallError as err:
+        raise PodError(f"cannot create group {manager['name']}: {err.message}") from None
+    if timeout is None:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = groups.list_managed_instances(project=project, zone=zone,
+                                               instance_group_manager=manager["name"])  # fmt: skip
+        states = [(m.current_action, m.instance_status) for m in listed]
+        if states and all(s == ("NONE", "RUNNING") for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise PodError(f"group {manager['name']}: VMs {states} after {timeout:.0f} s")
+        time.sleep(POLL_S)
+
+
+def delete_mig(endpoints: dict, spec: dict, timeout: float | None) -> bool:
+    """instanceGroupManagers.delete of the spec's group (in whichever of the pod's zones it is);
+    False when there is none."""
+    from google.api_core import exceptions
+
+    _, _, groups = _clients(endpoints)
+    for zone in dict.fromkeys([spec["zone"], *(spec.get("capacity") or {}).get("zones", [])]):
+        try:
+            operation = groups.delete(project=spec["project"], zone=zone,
+                                      instance_group_manager=spec["manager"]["name"])  # fmt: skip
+        except exceptions.NotFound:
+            continue
+        except exceptions.GoogleAPICallError as err:
+            raise PodError(
+                f"cannot delete group {spec['manager']['name']}: {err.message}"
+            ) from None
+        if timeout is not None:
+            operation.result(timeout=timeout)
+            _wait_gone(groups, spec["project"], zone, spec["manager"]["name"], timeout)
+        return True
+    return False
+
+
+def _wait_gone(groups, project: str, zone: str, name: str, timeout: float) -> None:
+    from google.api_core import exceptions
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            groups.get(project=project, zone=zone, instance_group_manager=name)
+        except exceptions.NotFound:
+            return
+        time.sleep(POLL_S)
+    raise PodError(f"group {name} still there after {timeout:.0f} s")
