@@ -50,6 +50,7 @@ BY_BENCHMARK: dict[str, tuple[str, ...]] = {
     "verify": ("--record",),
     "infra": (),
     "recovery": ("--record", "--preset", "--set", "--min-steps", "--rounds", "--notice"),
+    "recovery-compute": ("--record", "--preset", "--set", "--min-steps", "--rounds", "--notice"),
     "job": ("--record", "--job", "--job-rounds", "--rounds", "--notice"),
     "capacity": ("--record", "--rounds", "--min-steps"),
     "coldboot": ("--record", "--rounds"),

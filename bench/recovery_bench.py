@@ -187,14 +187,17 @@ def run(
     sets: tuple[str, ...] = (),
     console=None,
     rounds: int = 3,
+    api: str = "tpu",
 ) -> dict:
+    """`api`: the slice as a Cloud TPU API node, or (`compute`) a Compute Engine managed
+    instance group (issue 51); its rows say so."""
     args = " ".join([f"--config {preset} --steps 1000000", *(f"--set {s}" for s in sets)])
     kinds = [k for _ in range(rounds) for k in RECOVERY_KINDS]
     schedule = {"kinds": kinds, "min_steps": min_steps, "stop_steps": min_steps}
     record = run_on_pod(out_dir / "pod-recovery", args, schedule, notice=notice, console=console,
-                        hang=HANG_S, warm=True)  # fmt: skip
-    record.save(out_dir / "recovery-run.json")
-    return report_run(record)
+                        hang=HANG_S, warm=True, pod_options={"api": api})  # fmt: skip
+    record.save(out_dir / f"recovery-run{'-compute' if api == 'compute' else ''}.json")
+    return {**report_run(record), "api": api}
 
 
 def report_run(record: RunRecord) -> dict:
@@ -278,6 +281,8 @@ def figures(result: dict, where: str = "recovery run") -> list[Figure]:
     tiers = two_tiers(result)
     if tiers and where == "recovery run":  # issue 50's rows: judged by their own rules
         where = "recovery run, two tiers"
+    if result.get("api") == "compute":  # issue 51: the slice a Compute Engine group
+        where += ", Compute Engine"
     local = local_interval(result.get("trainer_args", "")) if tiers else None
     kinds = dict.fromkeys(inc["kind"] for inc in result["incidents"])
     for kind in kinds:

@@ -58,7 +58,9 @@ _TINY_GOODPUT = ("own-rate figure, local pod",
 _AFTER_DETECTION = ("after detection", "the recorded row counts from the hang's detection (the "
                     "heartbeat limit), not from the fault")  # fmt: skip
 _REC = r"recovery, {}: fault -> first step \(recovery run\)$"
-_REC2 = r"recovery, {}: fault -> first step \(recovery run, two tiers\)$"
+# Issue 51 (registered 2026-11-29, before any run on that path): the same goals judge the rows
+# of the Compute Engine path ("(recovery run, two tiers, Compute Engine)"), side by side.
+_REC2 = r"recovery, {}: fault -> first step \(recovery run, two tiers(, Compute Engine)?\)$"
 
 RULES: tuple[Rule, ...] = (
     Rule("mfu-small-cpu", "trainer", "`small` on CPU: model FLOP/s over the same run's jnp.dot "
@@ -100,24 +102,24 @@ RULES: tuple[Rule, ...] = (
          "<=", 15.0, "s", source="issues 18, 36 (a hang from the fault)",
          unsupported=(_AFTER_DETECTION,)),
     Rule("steps-lost-notice", "recovery", "a preemption with notice loses 0 steps, every event",
-         r"steps lost, preemption with notice \(recovery run(, two tiers)?\)$", "bench",
-         stat="every", source="issue 18"),
+         r"steps lost, preemption with notice \(recovery run(, two tiers(, Compute Engine)?)?\)$",
+         "bench", stat="every", source="issues 18, 51"),
     Rule("steps-lost-no-notice", "recovery", "kill, crash, hang: steps lost <= 1 checkpoint "
          "interval + a save in flight, every event (bench/steps_lost.py)",
-         r"steps lost, (no-notice kill \(recovery run(, two tiers)?\)|(crash|hang.*) "
-         r"\(recovery run\))$", "bench", stat="every", source="issues 15, 18"),
+         r"steps lost, (no-notice kill \(recovery run(, two tiers(, Compute Engine)?)?\)|"
+         r"(crash|hang.*) \(recovery run\))$", "bench", stat="every", source="issues 15, 18, 51"),
     # Registered 2026-11-29, before any recovery run with the local tier (issue 50): its rows
     # carry "(recovery run, two tiers)", so the rules above keep judging the runs before it.
     Rule("recovery-tiers-survive", "recovery", "two tiers: crash and hang (the VMs survive): "
          "fault -> first step <= 5 s each, a hang counted from the fault (local pod)",
-         _REC2.format("(crash|hang)"), "<=", 5.0, "s", source="issue 50"),
+         _REC2.format("(crash|hang)"), "<=", 5.0, "s", source="issues 50, 51"),
     Rule("recovery-tiers-recreate", "recovery", "two tiers: preemption with notice and "
          "no-notice kill: fault -> first step <= 8 s each (local pod)",
          _REC2.format("(preemption with notice|no-notice kill)"), "<=", 8.0, "s",
-         source="issue 50"),
+         source="issues 50, 51"),
     Rule("steps-lost-tiers", "recovery", "two tiers: crash, hang: steps lost <= the local "
          "tier's interval, every event", r"steps lost, (crash|hang) \(recovery run, two "
-         r"tiers\)$", "bench", stat="every", source="issue 50"),
+         r"tiers(, Compute Engine)?\)$", "bench", stat="every", source="issues 50, 51"),
     # Registered 2026-11-26, before any capacity run (issue 35).
     Rule("capacity-queued", "capacity", "recovery through a queued resource costs <= 2 s more "
          "than through nodes.create (difference of the medians of >= 3 no-notice kills each, "

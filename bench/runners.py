@@ -125,20 +125,26 @@ def infra_figs(a, console) -> list[Figure]:
     ]
 
 
-def recovery_figs(a, console) -> list[Figure]:
+def recovery_figs(a, console, api: str = "tpu") -> list[Figure]:
     from bench import recovery_bench
 
+    name = "recovery" if api == "tpu" else "recovery-compute"
     if a.record:  # re-analyse a saved run
         from bench.podrun import RunRecord
 
         record = RunRecord.load(a.record)
-        r = recovery_bench.report_run(record)
-        save("recovery", r)
+        r = {**recovery_bench.report_run(record), "api": api}
+        save(name, r)
         return measured_at(recovery_bench.figures(r), record.finished, "run ended")
     r = recovery_bench.run(OUT, a.preset, a.min_steps, a.notice, sets=tuple(a.sets or GOODPUT_SETS),
-                           console=console, rounds=a.rounds)  # fmt: skip
-    save("recovery", r)
+                           console=console, rounds=a.rounds, api=api)  # fmt: skip
+    save(name, r)
     return recovery_bench.figures(r)
+
+
+def recovery_compute_figs(a, console) -> list[Figure]:
+    """The same recovery run with the slice a Compute Engine managed instance group."""
+    return recovery_figs(a, console, api="compute")
 
 
 def capacity_figs(a, console) -> list[Figure]:
@@ -261,6 +267,7 @@ RUNNERS = {
     "verify": verify_figs,
     "infra": infra_figs,
     "recovery": recovery_figs,
+    "recovery-compute": recovery_compute_figs,
     "capacity": capacity_figs,
     "coldboot": coldboot_figs,
     "job": job_figs,

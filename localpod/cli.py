@@ -189,8 +189,10 @@ def _endpoints(args: argparse.Namespace) -> int:
         return 0
     table = Table(title="the local pod's cloud", show_header=False)
     ssh = found["ssh"]
-    for key in ("tpu_api", "project", "zone", "node", "storage", "bucket", "spec_file"):
-        table.add_row(key, str(found[key]))
+    for key in ("tpu_api", "compute_api", "project", "zone", "region", "node", "mig",
+                "workload_policy", "storage", "bucket", "spec_file"):  # fmt: skip
+        if key in found:
+            table.add_row(key, str(found[key]))
     for key in ("user", "key_file", "known_hosts", "iap_command"):
         table.add_row(f"ssh {key}", ssh[key])
     for address, port in ssh["ports"].items():

@@ -37,6 +37,10 @@ def publish(pod: LocalPod, job: jobs.Job | None = None, root: Path = PROJECT_ROO
     spec = read_json(pod.paths.node_spec)
     if spec is None:
         raise PodError(f"no node spec {pod.paths.node_spec}: run `tpupod local up`")
+    if spec.get("api") == "compute":
+        raise PodError("rollout patches a TPU API node's metadata; a group's template cannot "
+                       "change in place (a new template is a new recreate): not on --api compute "
+                       "yet")  # fmt: skip
     job = job or running_job(pod)
     info = pod.describe()
     bundle = build_bundle(root, job=job)

@@ -88,12 +88,8 @@ class Target:
 
     @property
     def metadata(self) -> dict[str, str]:
-        """The slice's metadata as declared (tpupod's keys: contract.metadata): the node's, or
-        the instance template's."""
-        if self.api == COMPUTE:
-            items = ((self.spec.get("template") or {}).get("properties") or {}).get("metadata")
-            return {i["key"]: i.get("value", "") for i in (items or {}).get("items") or []}
-        return dict(self.spec.get("node", {}).get("metadata") or {})
+        """The slice's metadata as declared (tpupod's keys: contract.metadata)."""
+        return spec_metadata(self.spec)
 
     def job(self) -> JobSpec | None:
         """The job the node runs (metadata `tpupod-job`); None for a spec that names none."""
@@ -106,6 +102,14 @@ class Target:
             raise ProviderError(
                 f"node spec of {self.stack}: unreadable tpupod-job ({err})"
             ) from None
+
+
+def spec_metadata(spec: dict) -> dict[str, str]:
+    """A spec's metadata: the node's, or the instance template's (a Compute Engine spec)."""
+    if spec.get("api") == COMPUTE:
+        items = ((spec.get("template") or {}).get("properties") or {}).get("metadata")
+        return {i["key"]: i.get("value", "") for i in (items or {}).get("items") or []}
+    return dict((spec.get("node") or {}).get("metadata") or {})
 
 
 def default_pod_dir() -> Path:

@@ -69,10 +69,11 @@ def locate(args: argparse.Namespace) -> Run:
 def run_dir_of(endpoints: dict, where: Path) -> str:
     """The run the pod's node runs: metadata `tpupod-run-dir` of the node spec it names."""
     from contract.metadata import RUN_DIR
+    from ops.cloud.target import spec_metadata
 
     try:
         spec = json.loads(Path(endpoints["spec_file"]).read_text())
-        return spec["node"]["metadata"][RUN_DIR]
+        return spec_metadata(spec)[RUN_DIR]
     except (OSError, ValueError, KeyError, TypeError):
         raise CliError(
             f"{where}: the pod's node spec names no run directory; pass --workdir"

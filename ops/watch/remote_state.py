@@ -48,7 +48,7 @@ def ops_prefix(stack: str) -> str:
 
 
 def bucket_name(target: Target) -> str:
-    name = (target.spec.get("node", {}).get("metadata") or {}).get(BUCKET_KEY)
+    name = target.metadata.get(BUCKET_KEY)
     if not name:
         raise ProviderError(
             f"node spec of {target.stack} names no bucket (metadata `{BUCKET_KEY}`); "

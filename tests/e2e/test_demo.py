@@ -4,10 +4,11 @@ the pod's watcher VM (its own `tpupod watch` through the pod's TPU API) while th
 only observes; its final checkpoint bitwise equal, array by array, to an uninterrupted run's (the
 demo exits 0 only then).
 
-`slow` (3-4 minutes with cold workers, whose every boot installs from the bucket): CI runs each of
-its parts on its own pod instead (the watcher VM's recovery and its kill: test_watcher.py; the
-next zone's request filed beside a waiting one: test_capacity.py; a user job bitwise equal after
-a crash and a preemption: test_jobs.py; a hang: test_forensics.py)."""
+`slow` (3-4 minutes each, the TPU API path and `--api compute`, with cold workers, whose every
+boot installs from the bucket): CI runs each of its parts on its own pod instead (the watcher
+VM's recovery and its kill: test_watcher.py; the next zone's request filed beside a waiting one: test_capacity.py; a user job bitwise equal after
+a crash and a preemption, through Compute Engine: test_jobs.py; the Compute Engine API, its
+stockout and zone fallback: tests/localpod/test_compute_api.py; a hang: test_forensics.py)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,27 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
     assert "IAM (the stack's grants)" in out and "0 refused" in words
     assert not list(pod_dir.glob("pod.json"))  # torn down
     assert not watcher_vm.running(pod_dir)
+
+
+def test_demo_on_the_compute_engine_path_recovers_with_equal_weights(tmp_path, capsys):
+    """`tpupod demo --api compute` (issue 51): the slice a managed instance group through the
+    pod's Compute Engine API, recovered by `tpupod watch` in a child process (the Compute Engine
+    stacks declare no watcher VM); the stockout sends the recreate to the other zone."""
+    pod_dir = tmp_path / "demo"
+    code = main(["demo", "--api", "compute", "--pod-dir", str(pod_dir)])
+    out = capsys.readouterr().out
+    events = read(pod_dir / "journal.jsonl")
+    messages = [f"{e['event']}: {e['message']}" for e in events]
+    assert code == 0, (out, messages)
+    lease = next(e for e in events if e["event"] == "lease")
+    assert lease["holder"] == "laptop", messages
+    watcher = [e for e in events if e.get("by") != "demo"]
+    resumed = {e["kind"] for e in watcher if e["event"] == "resumed"}
+    assert resumed == {"preemption", "hang", "crash"}, messages
+    stockout = next(e for e in watcher if e["event"] == "stockout")
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in stockout["message"], messages
+    recreated = next(e for e in watcher if e["event"] == "recreated")
+    assert recreated["zone"] == "local-b", messages
+    words = " ".join(out.replace("│", " ").split())
+    assert "bitwise equal" in words and "a managed instance group through Compute Engine" in words
+    assert not list(pod_dir.glob("pod.json"))  # torn down

@@ -65,9 +65,12 @@ def against_reference(pod: LocalPod) -> Comparison:
 
 # The helper-library job with a kill without notice is `slow` (CI stays under 20 minutes): the
 # job contract test recovers a user job from a preemption without notice in CI.
-# The Compute Engine path (a managed instance group: issue 51) heals the same job the same way.
+# The Compute Engine path (a managed instance group: issue 51) heals the same job the same way;
+# CI runs it there, and the TPU API path's run is `slow` (CI stays under 20 minutes: the TPU API
+# path recovers user jobs in CI in test_job_contract.py and the built-in one in test_demo.py).
 @pytest.mark.parametrize(("name", "notice", "api"), [
-    ("flax-plain", NOTICE_S, "tpu"), ("flax-plain", NOTICE_S, "compute"),
+    ("flax-plain", NOTICE_S, "compute"),
+    pytest.param("flax-plain", NOTICE_S, "tpu", marks=pytest.mark.slow),
     pytest.param("flax-helper", 0.0, "tpu", marks=pytest.mark.slow)])  # fmt: skip
 def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, api, tmp_path):
     job = jobs.load(EXAMPLES / name)
