@@ -385,7 +385,7 @@ def recreate_shares(incs: list[dict], what: str, tag: str) -> list[Figure]:
                "phases " + " + ".join(TPUPOD_SHARE)),
         Figure(f"cold recreate, {what}: the cloud's share (slice going away + re-creation) {tag}",
                median(cloud), "s", n=len(cloud), spread=spread(cloud, "s"),
-               note="median; the local TPU API's, not GCP's (minutes there)"),
+               note="median; the local cloud's API, not GCP's (minutes there)"),
     ]  # fmt: skip
 
 

@@ -48,3 +48,14 @@ def test_phase_deadline_names_the_phase(single, bundles):
     boot = failed(single)
     assert boot["phase"] == "metadata" and boot["message"] == "deadline of 3s exceeded"
     assert json.loads((single.root(0) / "bootstrap.json").read_text())["phases"][0]["seconds"] >= 3
+
+
+def test_a_worker_without_an_index_names_both_keys(single, bundles):
+    """The worker's index comes from agent-worker-number (a TPU API node) or worker-id (a
+    Compute Engine TPU VM): with neither, the metadata phase fails naming both."""
+    single.publish(bundles[0], agent_worker_number=None)
+    (result,) = single.boot()
+    assert result.returncode != 0
+    boot = failed(single)
+    assert boot["phase"] == "metadata"
+    assert boot["message"] == "metadata keys agent-worker-number and worker-id are both missing"
