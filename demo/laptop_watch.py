@@ -4,6 +4,7 @@ in the bucket as `laptop`; stopped by its own process group, whatever happens.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -36,13 +37,17 @@ class LaptopWatch:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM to its whole process group (its SSH and IAP children too, even when the
+        watch itself has exited), SIGKILL after `timeout`; never raises."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
         self.proc = None

@@ -87,7 +87,10 @@ def observe(pod, view: WatcherView, plan: FaultPlan, deadline: float, watcher) -
     running, what, log = watcher
     try:
         while (end := view.final()) is None:
-            if not running():
+            if not running():  # it may have ended right after journaling its last line
+                view.poll()
+                if (end := view.final()) is not None:
+                    return end
                 raise CliError(f"the {what} stopped; see {log}")
             if time.time() > deadline:
                 raise CliError(f"no `done` from the {what} in time; see {log}")
@@ -226,8 +229,10 @@ def run_demo(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             with console.status("tearing the pod and its watcher down"):
-                laptop.stop()
-                pod.down()
+                try:
+                    laptop.stop()
+                finally:
+                    pod.down()
         finally:
             signal.signal(signal.SIGINT, interrupt)
             signal.signal(signal.SIGTERM, previous)

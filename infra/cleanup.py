@@ -65,10 +65,11 @@ class Removal:
     """What `remove_owned` deleted (each as it was listed before its delete)."""
 
     deleted: tuple[Owned, ...]
+    where: str = "the TPU API"
 
     def lines(self) -> list[str]:
         if not self.deleted:
-            return ["nothing of the stack's was left in the TPU API"]
+            return [f"nothing of the stack's was left in {self.where}"]
         return [f"deleted {owned.line()}" for owned in self.deleted]
 
 

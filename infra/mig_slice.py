@@ -9,13 +9,15 @@ API slice: the workers boot the same way and the job's contract is the same. `sp
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import catalog
+from infra import catalog, group_cleanup
 from infra.component import child_options
 from infra.mig_spec import (
     BOOT_DISK_GB,
@@ -84,6 +86,11 @@ class MigSlice(pulumi.ComponentResource):
         )
         self.template = self._template(name, mig, props, network, subnetwork, args, opts)
         manager = {"type": "OPPORTUNISTIC", "minimal_action": "REPLACE"}
+        zones = list((args.capacity or {}).get("zones") or [mig.zone])
+        # As the TPU API slice's node: the groups recovery made in other zones go first.
+        delete_moved = pulumi.ResourceHook(
+            f"{mig.name}-delete-moved", before_delete(mig.project, zones, mig.name)
+        )
         self.manager = gcp.compute.InstanceGroupManager(
             f"{name}-group",
             name=mig.name,
@@ -110,7 +117,10 @@ class MigSlice(pulumi.ComponentResource):
             wait_for_instances=True,
             wait_for_instances_status="STABLE",
             opts=child_options(
-                self, opts, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT)
+                self,
+                opts,
+                custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
+                hooks=pulumi.ResourceHookBinding(before_delete=[delete_moved]),
             ),  # fmt: skip
         )
         self.spec = pulumi.Output.all(network, subnetwork, args.service_account_email).apply(
@@ -176,3 +186,28 @@ class MigSlice(pulumi.ComponentResource):
             labels=mig.labels,
             opts=child_options(self, opts),
         )
+
+
+def before_delete(
+    project: str,
+    zones: list[str],
+    name: str,
+    client: Callable[[], Any] = group_cleanup.google_client,
+    say: Callable[[str], None] = pulumi.log.info,
+) -> Callable[[pulumi.ResourceHookArgs], Awaitable[None]]:
+    """The group's before_delete hook: `group_cleanup.remove_groups` of the slice's name in
+    `zones` but the one it was declared in (the hook's old inputs: Pulumi deletes that one
+    itself), with `client()` (ADC on Google's endpoint); says what it deleted. Raises
+    CleanupError (the engine fails the delete with its line)."""
+
+    async def hook(args: pulumi.ResourceHookArgs) -> None:
+        declared = (args.old_inputs or {}).get("zone")
+        removal = await asyncio.to_thread(
+            lambda: group_cleanup.remove_groups(
+                client(), project, zones, name, skip_zone=declared
+            )  # fmt: skip
+        )
+        for line in removal.lines():
+            say(f"{args.name}: {line}")
+
+    return hook

@@ -36,6 +36,10 @@ from infra.node_spec import CLOUD_PLATFORM_SCOPE
 from infra.security import OS_LOGIN_METADATA
 
 WORKLOAD_POLICY_TYPE = "HIGH_THROUGHPUT"
+# A Compute Engine VM publishes its SSH host keys as guest attributes (`hostkeys/`) only when
+# its metadata turns them on; recovery pins each worker's key from there (a TPU API node's
+# workers publish theirs without it).
+GUEST_ATTRIBUTES_METADATA = {"enable-guest-attributes": "TRUE"}
 BOOT_DISK_GB = 100
 TERMINATION_ACTION = "STOP"
 
@@ -105,7 +109,7 @@ def declare(*, name: str, project: str, zone: str, accelerator: catalog.Accelera
         f"{provisioning}, Compute Engine)",
         labels=dict(labels),
         tags=(network_tag,),
-        metadata={**worker_metadata, **OS_LOGIN_METADATA},
+        metadata={**worker_metadata, **OS_LOGIN_METADATA, **GUEST_ATTRIBUTES_METADATA},
         secure_boot=accelerator.generation.secure_boot,
     )
 

@@ -33,7 +33,15 @@ from infra import cleanup, naming
 from infra.builtin_job import builtin
 from infra.bundle_archive import build_bundle
 from localpod import env_seed, pod_compute, procs
-from localpod.gcp import iam_policy, secret_manager, storage, storage_faults, tokens, tpu_client
+from localpod.gcp import (
+    compute_client,
+    iam_policy,
+    secret_manager,
+    storage,
+    storage_faults,
+    tokens,
+    tpu_client,
+)
 from localpod.gcp.authz import POLICY_FILE
 from localpod.gcp.identities import operator_token
 from localpod.pod_tpu import TpuAnswers
@@ -322,10 +330,11 @@ class LocalPod(TpuAnswers):
         watcher_vm.stop(self.paths.root)
         stack = self._config().get("stack", self.stack)
         spec = read_json(self.paths.node_spec) or {}
+        removal = tpu_client.delete_owned(self.endpoints(), stack, ZONES, timeout)
         if spec.get("api") == "compute":  # the group, wherever recovery moved it
-            with contextlib.suppress(PodError):
-                pod_compute.delete(self.endpoints(), spec, timeout)
-        return tpu_client.delete_owned(self.endpoints(), stack, ZONES, timeout)
+            groups = compute_client.delete_owned(self.endpoints(), spec, ZONES, timeout)
+            removal = cleanup.Removal(groups.deleted + removal.deleted, where="the pod's cloud")
+        return removal
 
     def _policy(self) -> iam_policy.Policy:
         return iam_policy.Policy.from_json(read_json(self.paths.root / POLICY_FILE) or {})

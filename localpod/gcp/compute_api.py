@@ -22,6 +22,7 @@ from localpod.gcp.compute_service import ComputeService
 from localpod.gcp.loopback import JsonApiHandler, LoopbackServer
 
 SERVICE = "compute.googleapis.com"
+GUEST_ATTRIBUTES = "enable-guest-attributes"  # instance metadata that turns guest attributes on
 _P = r"/compute/v1/projects/(?P<project>[^/]+)"
 _Z = _P + r"/zones/(?P<zone>[^/]+)"
 _R = _P + r"/regions/(?P<region>[^/]+)"
@@ -197,6 +198,10 @@ class _Handler(JsonApiHandler):
             raise not_found(f"{scope}/instances/{name}")
         if action == "get_instance":
             return instance_json(svc, scope, *row)
+        props = svc.template_of_manager().get("properties") or {}
+        meta = {i["key"]: i.get("value") for i in (props.get("metadata") or {}).get("items") or []}
+        if str(meta.get(GUEST_ATTRIBUTES, "")).upper() != "TRUE":  # as GCE: off unless turned on
+            raise not_found(f"{scope}/instances/{name}/guestAttributes")
         prefix = query.get("queryPath", "")
         items = [{"namespace": "hostkeys", "key": "ssh-ed25519", "value": row[2].get("host_key")}]
         items = [i for i in items if f"{i['namespace']}/{i['key']}".startswith(prefix)]

@@ -29,6 +29,16 @@ def _clients(endpoints: dict):
             make(compute_v1.InstanceGroupManagersClient))  # fmt: skip
 
 
+def delete_owned(endpoints: dict, spec: dict, zones, timeout: float):
+    """infra.group_cleanup.remove_groups of the spec's group in `zones`: what the group's
+    before_delete hook does at `pulumi destroy` on GCP, here with the operator's token."""
+    from infra import group_cleanup
+
+    _, _, groups = _clients(endpoints)
+    return group_cleanup.remove_groups(groups, spec["project"], zones, spec["manager"]["name"],
+                                       timeout_s=timeout)  # fmt: skip
+
+
 def create_mig(endpoints: dict, spec: dict, timeout: float | None) -> None:
     """The spec's workload policy and template (kept when they exist, as `pulumi up` leaves
     them), then its group; with a `timeout`, waits until every VM is RUNNING."""
@@ -56,37 +66,45 @@ def create_mig(endpoints: dict, spec: dict, timeout: float | None) -> None:
         return
     deadline = time.monotonic() + timeout
     while True:
-        listed = groups.list_managed_instances(project=project, zone=zone,
-                                               instance_group_manager=manager["name"])  # fmt: skip
+        try:
+            listed = list(groups.list_managed_instances(
+                project=project, zone=zone, instance_group_manager=manager["name"]))  # fmt: skip
+        except exceptions.GoogleAPICallError as err:
+            raise PodError(f"group {manager['name']}: {err.message}") from None
+        refused = [e for m in listed for e in m.last_attempt.errors.errors]
+        if refused:
+            raise PodError(f"group {manager['name']}: {refused[0].code}: {refused[0].message}")
         states = [(m.current_action, m.instance_status) for m in listed]
         if states and all(s == ("NONE", "RUNNING") for s in states):
             return
         if time.monotonic() > deadline:
-            raise PodError(f"group {manager['name']}: VMs {states} after {timeout:.0f} s")
+            shown = ", ".join(f"{a}/{st or '-'}" for a, st in states) or "none"
+            raise PodError(f"group {manager['name']}: VMs ({shown}) not RUNNING after "
+                           f"{timeout:.0f} s")  # fmt: skip
         time.sleep(POLL_S)
 
 
 def delete_mig(endpoints: dict, spec: dict, timeout: float | None) -> bool:
-    """instanceGroupManagers.delete of the spec's group (in whichever of the pod's zones it is);
-    False when there is none."""
+    """instanceGroupManagers.delete of the spec's group in every zone it may be in (recovery
+    moves it); False when there is none."""
     from google.api_core import exceptions
 
     _, _, groups = _clients(endpoints)
+    name, found = spec["manager"]["name"], False
     for zone in dict.fromkeys([spec["zone"], *(spec.get("capacity") or {}).get("zones", [])]):
         try:
             operation = groups.delete(project=spec["project"], zone=zone,
-                                      instance_group_manager=spec["manager"]["name"])  # fmt: skip
+                                      instance_group_manager=name)  # fmt: skip
+            found = True
+            if timeout is not None:
+                operation.result(timeout=timeout)
+                _wait_gone(groups, spec["project"], zone, name, timeout)
         except exceptions.NotFound:
             continue
-        except exceptions.GoogleAPICallError as err:
-            raise PodError(
-                f"cannot delete group {spec['manager']['name']}: {err.message}"
-            ) from None
-        if timeout is not None:
-            operation.result(timeout=timeout)
-            _wait_gone(groups, spec["project"], zone, spec["manager"]["name"], timeout)
-        return True
-    return False
+        except (exceptions.GoogleAPICallError, TimeoutError) as err:
+            why = getattr(err, "message", None) or f"not done after {timeout} s"
+            raise PodError(f"cannot delete group {name} in {zone}: {why}") from None
+    return found
 
 
 def _wait_gone(groups, project: str, zone: str, name: str, timeout: float) -> None:

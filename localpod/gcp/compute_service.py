@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import secrets
 import string
+import threading
+import time
 
 from contract import metadata
 from infra import catalog
 from localpod.gcp.compute_errors import ComputeError, already_exists, invalid, not_found
-from localpod.gcp.compute_kept import KeptResources, op_path
+from localpod.gcp.compute_kept import REGION, KeptResources, op_path
 from localpod.gcp.compute_operations import resource_id, timestamp
 from localpod.gcp.tpu_faults import TpuFaults
 from localpod.state import PodError, SliceState
@@ -39,6 +41,11 @@ INSTANCE_STATUS = {
     SliceState.TERMINATED: ("TERMINATED", "NONE"),
     SliceState.DELETING: ("STOPPING", "DELETING"),
 }
+# Compute Engine's wording of a quota refusal ("Quota 'CPUS' exceeded.  Limit: 24.0 in region R.")
+QUOTA = "Quota '{metric}' exceeded.  Limit: 0.0 in {where}."
+STOCKOUT_DELAY_S = 0.2  # the VMs' lastAttempt says so a moment after the insert is DONE
+DELETE_WAIT_S = 120.0  # a delete waits this long for the slice's running operation
+MIG_OPS = "compute.instanceGroupManagers."  # how Compute Engine names a group's operations
 MACHINE_TYPES = {g.compute.machine_type: g for g in catalog.GENERATIONS.values() if g.compute}
 
 
@@ -82,8 +89,12 @@ class ComputeService(KeptResources):
                                                              range(self.hosts)],
                             "refused": None, "id": resource_id(), "created": timestamp(),
                             "body": dict(body)}  # fmt: skip
-            self._boot(zone)
-        return self._done(scope, "insert", path)
+            try:
+                self._boot(zone)
+            except ComputeError:
+                self.manager = None  # no group where no VM could even be asked for
+                raise
+        return self._done(scope, MIG_OPS + "insert", path)
 
     def _check_shape(self, template: dict, policy_path: str | None, size: object) -> None:
         machine = str(template["properties"]["machineType"]).rsplit("/", 1)[-1]
@@ -107,8 +118,15 @@ class ComputeService(KeptResources):
     def _boot(self, zone: str) -> None:
         """The VMs of the group, all at once (BULK), or none with a stockout's error."""
         mig = self.manager
-        if self.faults.take_stockout(zone):
-            mig["refused"] = {"code": STOCKOUT_CODE, "message": STOCKOUT.format(zone=zone)}
+        refusal = None
+        if self.faults.take_stockout(zone):  # told on the VMs a moment after the insert is DONE
+            refusal = {"code": STOCKOUT_CODE, "message": STOCKOUT.format(zone=zone)}
+        elif scope := self.faults.take_quota(zone):
+            where = f"region {REGION}" if scope == "region" else f"zone {zone}"
+            refusal = {"code": "QUOTA_EXCEEDED",
+                       "message": QUOTA.format(metric=self._quota_metric(), where=where)}  # fmt: skip
+        if refusal is not None:
+            mig["refused"], mig["refused_at"] = refusal, time.monotonic() + STOCKOUT_DELAY_S
             return
         template = self.templates[mig["template"]]
         meta = {i["key"]: i.get("value", "") for i in
@@ -122,27 +140,45 @@ class ComputeService(KeptResources):
         except PodError as err:
             raise ComputeError(400, "resourceNotReady", str(err)) from None
 
+    def _quota_metric(self) -> str:
+        """The pod's own name for the chips' quota (Compute Engine's TPU metric names are not
+        in Google's reference we hold): the generation's, as TPU7X_CHIPS."""
+        machine = str(self.templates[self.manager["template"]]["properties"]["machineType"])
+        return f"{MACHINE_TYPES[machine.rsplit('/', 1)[-1]].name.upper()}_CHIPS"
+
     def delete_manager(self, project: str, zone: str, name: str) -> dict:
+        """The group and its VMs; a group still making its VMs is deleted once they are made
+        (Google takes the delete at once; the operation ends when the VMs are gone)."""
         path = f"{self.scope(project, zone=zone)}/instanceGroupManagers/{name}"
         with self._lock:
             mig = self._mig(path)
-            op = self.ops.new(path.rsplit("/", 2)[0], "delete", path)
-            if self.slice.state == SliceState.MISSING:
-                self.manager = None
-                self.ops.finish(op)
-                return self.ops.get(op_path(op))
-
-            def gone() -> None:
-                with self._lock:
-                    if self.manager is mig:
-                        self.manager = None
-                self.ops.finish(op)
-
-            try:
-                self.slice.delete(on_done=gone)
-            except PodError as err:
-                self.ops.finish(op, (400, "RESOURCE_NOT_READY", str(err)))
+            op = self.ops.new(path.rsplit("/", 2)[0], MIG_OPS + "delete", path)
+            mig["deleting"] = True
+        threading.Thread(target=self._delete_when_idle, args=(mig, op), daemon=True).start()
         return self.ops.get(op_path(op))
+
+    def _delete_when_idle(self, mig: dict, op: dict) -> None:
+        def gone() -> None:
+            with self._lock:
+                if self.manager is mig:
+                    self.manager = None
+            self.ops.finish(op)
+
+        deadline = time.monotonic() + DELETE_WAIT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                state = self.slice.state
+                if state == SliceState.MISSING:
+                    return gone()
+                if state in (SliceState.READY, SliceState.PREEMPTED, SliceState.TERMINATED):
+                    try:
+                        self.slice.delete(on_done=gone)
+                        return None
+                    except PodError:  # another operation began meanwhile: wait for it
+                        pass
+            time.sleep(0.1)
+        self.ops.finish(op, (503, "TIMEOUT", f"the slice stayed {self.slice.state}"))
+        return None
 
     def _mig(self, path: str) -> dict:
         mig = self.manager
@@ -187,7 +223,11 @@ class ComputeService(KeptResources):
                 with self._lock:
                     if self.manager is mig:
                         mig["refused"] = None
-                        self._boot(zone)
+                        try:
+                            self._boot(zone)
+                        except ComputeError as err:  # on the slice's thread: one line, no raise
+                            print(f"recreateInstances of {mig['path']}: {err.message}",
+                                  flush=True)  # fmt: skip
 
             try:
                 if self.slice.state == SliceState.MISSING:
@@ -238,8 +278,9 @@ class ComputeService(KeptResources):
         for name in mig["names"]:
             entry = {"instance": self.link(f"{scope}/instances/{name}"), "name": name}
             if mig["refused"] is not None:
-                entry.update(currentAction="CREATING",
-                             lastAttempt={"errors": {"errors": [dict(mig["refused"])]}})  # fmt: skip
+                entry["currentAction"] = "CREATING"
+                if time.monotonic() >= mig.get("refused_at", 0):
+                    entry["lastAttempt"] = {"errors": {"errors": [dict(mig["refused"])]}}
             elif state in INSTANCE_STATUS:
                 status, action = INSTANCE_STATUS[state]
                 entry.update(currentAction=action, instanceStatus=status, id=resource_id())

@@ -19,17 +19,21 @@ import json
 import time
 
 from google.api_core import exceptions as gexc
+from google.auth.exceptions import TransportError
 from google.cloud import compute_v1
 
 from contract import metadata
 from ops.cloud import queued
-from ops.cloud.compute_state import slice_state
+from ops.cloud.compute_state import MAKING, slice_state
 from ops.cloud.credentials import credentials
 from ops.cloud.slice import ProviderError, SliceInfo, SliceState, Worker, ZoneCursor
 from ops.cloud.target import Target
 from ops.cloud.tpu import CALL_TIMEOUT, OperationStatus
-from ops.cloud.tpu_errors import RESOURCE_EXHAUSTED, Refused, one_line
+from ops.cloud.tpu_errors import RESOURCE_EXHAUSTED, Refused, failure_kind, one_line
 
+# 400/403 reasons a later try can pass: a resource busy with another operation, rate limits.
+RETRIED_REASONS = ("resourceNotReady", "rateLimitExceeded", "userRateLimitExceeded",
+                   "backendError")  # fmt: skip
 STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
 
 
@@ -45,6 +49,7 @@ class ComputeProvider(ZoneCursor):
         self.zones: list[str] = self.capacity["zones"]
         self.zone = target.zone
         self._clients = clients
+        self._outcomes: dict[str, OperationStatus] = {}  # refused creates, by operation
 
     @property
     def clients(self) -> dict:
@@ -69,6 +74,8 @@ class ComputeProvider(ZoneCursor):
         spot = scheduling.get("provisioningModel") == "SPOT"
         state, detail = slice_state(manager.target_size, managed, spot)
         workers = self.workers(managed) if state is SliceState.READY else []
+        if state is SliceState.READY and len(workers) < len(managed):
+            state, detail, workers = SliceState.CREATING, "a VM of the group is changing", []
         health = "HEALTHY" if state is SliceState.READY else None
         return SliceInfo(state, health, workers, detail or None, self.target.metadata, spot,
                          self.zone)  # fmt: skip
@@ -87,23 +94,30 @@ class ComputeProvider(ZoneCursor):
         return manager, list(listed)
 
     def _locate(self):
-        here = self.zone
-        for zone in self.zones:
-            if zone == here:
-                continue
-            self.zone = zone
-            if (found := self._managed()) is not None:
-                return found
-        self.zone = here
-        return None
+        """The group in another of tpupod:zones (a watch restarted after a move): there it is
+        from now on; the zone stays as it was when there is none (or a call fails)."""
+        here, found = self.zone, None
+        try:
+            for zone in self.zones:
+                if zone != here:
+                    self.zone = zone
+                    if (found := self._managed()) is not None:
+                        return found
+            return None
+        finally:
+            if found is None:
+                self.zone = here
 
     def workers(self, managed: list) -> list[Worker]:
         """Each VM's internal address and host key; worker i is the i-th address in order."""
         rows = []
         for entry in managed:
             name = entry.instance.rsplit("/", 1)[-1]
-            vm = self._call("instances.get", self.clients["instances"].get,
-                            project=self.target.project, zone=self.zone, instance=name)  # fmt: skip
+            try:
+                vm = self._call("instances.get", self.clients["instances"].get,
+                                project=self.target.project, zone=self.zone, instance=name)  # fmt: skip
+            except gexc.NotFound:  # deleted since the group listed it: the slice is changing
+                continue
             ip = vm.network_interfaces[0].network_i_p if vm.network_interfaces else ""
             rows.append((ipaddress.ip_address(ip) if ip else None, name, ip))
         rows.sort(key=lambda r: (r[0] is None, r[0] or ipaddress.ip_address("0.0.0.0")))
@@ -118,7 +132,7 @@ class ComputeProvider(ZoneCursor):
                                         "instance": instance, "query_path": "hostkeys/"})  # fmt: skip
             host_key = next((i.value for i in attrs.query_value.items if i.key == "ssh-ed25519"),
                             None)  # fmt: skip
-        except gexc.NotFound:
+        except (gexc.NotFound, Refused):  # guest attributes off or not written yet: no key
             pass
         common = dict(user=ssh.user, key_filename=ssh.key_file, instance=instance,
                       host_key=host_key, internal_ip=ip)  # fmt: skip
@@ -134,8 +148,15 @@ class ComputeProvider(ZoneCursor):
 
     def operation(self, name: str) -> OperationStatus:
         """`name`: zones/Z/operations/O. A group's insert is done when its VMs exist or were
-        refused (a stockout: the managed instances' lastAttempt, read once the insert is)."""
-        _, zone, _, op_name = name.split("/")
+        refused: Compute Engine marks the insert DONE before it tries any VM, and reports a
+        stockout on the managed instances (`lastAttempt.errors`), later."""
+        if name in self._outcomes:  # a refusal read once (its group is withdrawn since)
+            return self._outcomes[name]
+        parts = name.split("/")
+        if len(parts) != 4 or parts[0] != "zones" or parts[2] != "operations":
+            raise ProviderError(f"operation {name!r} is not a Compute Engine zone operation "
+                                "(zones/Z/operations/O): a journal from another path?")  # fmt: skip
+        zone, op_name = parts[1], parts[3]
         try:
             op = self._call("zoneOperations.get", self.clients["operations"].get,
                             project=self.target.project, zone=zone, operation=op_name)  # fmt: skip
@@ -146,21 +167,32 @@ class ComputeProvider(ZoneCursor):
         if op.error and op.error.errors:
             first = op.error.errors[0]
             return OperationStatus(name, True, _code(first.code), f"{first.code}: {first.message}")
-        if op.operation_type != "insert":
+        if not op.operation_type.endswith("insert"):  # compute.instanceGroupManagers.insert
             return OperationStatus(name, True)
+        return self._vms_made(name, zone)
+
+    def _vms_made(self, name: str, zone: str) -> OperationStatus:
         self.zone, asked = zone, self.zone
         try:
             found = self._managed()
-            errors = [e for m in (found[1] if found else []) for e in m.last_attempt.errors.errors]
+            if found is None:
+                return OperationStatus(name, True)  # gone: the node state says the rest
+            manager, managed = found
+            errors = [e for m in managed for e in m.last_attempt.errors.errors]
             if not errors:
-                return OperationStatus(name, True)
+                making = [m for m in managed if str(m.current_action or "NONE") in MAKING]
+                return OperationStatus(name, len(managed) >= manager.target_size and not making)
+            code, message = _code(errors[0].code), f"{errors[0].code}: {errors[0].message}"
+            kind = failure_kind(code, message)  # stockout, quota (the zone's or the region's)
+            outcome = OperationStatus(name, True, code, message,
+                                      refusal="" if kind == "other" else kind)  # fmt: skip
+            self._outcomes[name] = outcome
             # A refused group would go on asking for VMs (and fill, and bill, later): withdrawn
             # here, as a failed TPU create leaves nothing; the next create goes where recovery says.
             self.start_delete()
+            return outcome
         finally:
             self.zone = asked
-        return OperationStatus(name, True, _code(errors[0].code),
-                               f"{errors[0].code}: {errors[0].message}")  # fmt: skip
 
     def request_status(self, zone: str | None = None) -> queued.QueuedStatus:
         return queued.QueuedStatus(queued.MISSING)
@@ -212,8 +244,12 @@ class ComputeProvider(ZoneCursor):
         return status
 
     def owned(self) -> list:
-        """Nothing the TPU API lists: the group is the stack's own resource (`pulumi destroy`)."""
-        return []
+        """The slice's group in each of tpupod:zones (recovery may have moved it): what the
+        group's before_delete hook removes at `pulumi destroy` (infra.group_cleanup)."""
+        from infra import group_cleanup
+
+        return group_cleanup.list_groups(self.clients["groups"], self.target.project, self.zones,
+                                         self.group)  # fmt: skip
 
     def _call(self, what: str, method, **kwargs):
         try:
@@ -221,11 +257,23 @@ class ComputeProvider(ZoneCursor):
         except (gexc.NotFound, gexc.Conflict):
             raise
         except gexc.GoogleAPICallError as err:
-            where = f"projects/{self.target.project}/zones/{self.zone}/{self.group}"
-            line = f"Compute Engine {what} {where}: {one_line(err)}"
-            if isinstance(err, (gexc.Forbidden, gexc.BadRequest, gexc.Unauthorized)):
+            where = f"projects/{self.target.project}/zones/{self.zone}/instanceGroupManagers/"
+            line = f"Compute Engine {what} {where}{self.group}: {one_line(err)}"
+            final = isinstance(err, (gexc.Forbidden, gexc.BadRequest, gexc.Unauthorized))
+            if final and reason_of(err) not in RETRIED_REASONS:
                 raise Refused(line) from None  # recovery stops with what to fix
             raise ProviderError(line) from None
+        except (OSError, TransportError) as err:  # no answer: the next poll asks again
+            raise ProviderError(f"Compute Engine {what}: {str(err).splitlines()[0][:200]}"
+                                ) from None  # fmt: skip
+
+
+def reason_of(err: gexc.GoogleAPICallError) -> str:
+    """Compute Engine's own reason for a refusal (`error.errors[0].reason`), "" when none."""
+    try:
+        return str(err.response.json()["error"]["errors"][0]["reason"])
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return ""
 
 
 def group_body(body: dict) -> compute_v1.InstanceGroupManager:

@@ -36,6 +36,7 @@ class OperationStatus:
     done: bool
     error_code: int = 0
     error_message: str = ""
+    refusal: str = ""  # a create refused after it began: stockout, quota or region-quota
 
     @property
     def stockout(self) -> bool:

@@ -31,6 +31,8 @@ def operation(w: WatcherApi, inc: Incident, waited: float, deadline: float) -> S
         return None
     event = judge.operation_event(status.done, status.error_code, status.stockout, waited,
                                   deadline)  # fmt: skip
+    if status.done and status.refusal:  # a create refused after it began (Compute Engine's)
+        event = judge.REFUSALS[status.refusal]
     if event is Event.DONE and inc.phase is Phase.AWAITING_CREATE and w.provider.queued:
         event = Event.QUEUED  # the request is filed; its node comes when capacity allows
     return event, status.error_message

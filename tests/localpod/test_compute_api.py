@@ -167,13 +167,47 @@ def test_a_preemption_leaves_the_vms_terminated_and_recovery_recreates_them(
 
 
 def test_a_stockout_is_the_creates_outcome_and_the_next_zone_gets_the_slice(pod, endpoints):
+    """Compute Engine tells a refused create on the group's VMs, after the insert is DONE: a
+    region's quota, then a zone without capacity, each read as recovery's class of refusal
+    (what ops.watch moves or backs off on), the refused group withdrawn each time."""
     slice_provider = provider(pod)
+    pod.inject_quota(zone=endpoints["zone"], scope="region")
+    status = slice_provider.recreate(timeout=120, poll=0.2)
+    assert status.refusal == "region-quota" and not status.stockout, status
+    assert "QUOTA_EXCEEDED: Quota 'TPU7X_CHIPS' exceeded" in status.error_message
+    assert slice_provider.describe().state is SliceState.MISSING  # withdrawn
     pod.inject_stockout(zone=endpoints["zone"])
     status = slice_provider.recreate(timeout=120, poll=0.2)
-    assert status.stockout, status
+    assert status.stockout and status.refusal == "stockout", status
     assert "ZONE_RESOURCE_POOL_EXHAUSTED" in status.error_message
     slice_provider.move_to(slice_provider.next_zone())
     status = slice_provider.recreate(timeout=120, poll=0.2)
     assert status.done and not status.error_code, status
     info = provider(pod).describe()  # a fresh provider finds the group in its new zone
     assert info.state is SliceState.READY and info.zone == "local-b"
+
+
+def test_destroys_hook_removes_the_group_recovery_moved_not_the_declared_one(pod, endpoints):
+    """The group's before_delete hook (infra.mig_slice, at `pulumi destroy --run-program`):
+    a group recovery made in another of tpupod:zones is deleted; the declared zone's is left to
+    Pulumi (the negative control: declared where the group is, nothing is deleted)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from infra.mig_slice import before_delete
+
+    slice_provider = provider(pod)
+    assert [o.zone for o in slice_provider.owned()] == ["local-b"]  # moved by the last test
+    groups = compute_v1.InstanceGroupManagersClient(
+        transport="rest", credentials=Credentials(token=identities.operator_token(endpoints)),
+        client_options={"api_endpoint": endpoints["compute_api"].rstrip("/")})  # fmt: skip
+    said: list[str] = []
+    hook = before_delete(endpoints["project"], ["local-a", "local-b"], endpoints["mig"],
+                         client=lambda: groups, say=said.append)  # fmt: skip
+    asyncio.run(hook(SimpleNamespace(old_inputs={"zone": "local-b"}, name="slice-group")))
+    assert said == ["slice-group: nothing of the stack's was left in Compute Engine (outside "
+                    "Pulumi's state)"]  # fmt: skip
+    assert [o.zone for o in slice_provider.owned()] == ["local-b"]
+    asyncio.run(hook(SimpleNamespace(old_inputs={"zone": "local-a"}, name="slice-group")))
+    assert said[-1] == "slice-group: deleted instance group local in local-b (2 VMs)"
+    assert slice_provider.owned() == [] and pod.describe().state is SliceState.MISSING
