@@ -114,15 +114,9 @@ else:
         opts=after_base,
     )
 
-# Recovery off the laptop: a VM in the stack that runs `tpupod watch` (tpupod:watcher: false opts out).
-# The watch recreates TPU API nodes only so far: a Compute Engine slice is declared unwatched.
-if config.watcher and on_compute:
-    pulumi.log.warn(
-        "tpupod:api compute: the slice is declared, but tpupod's recovery (the watcher VM, "
-        "`tpupod watch`) drives only the Cloud TPU API so far; no watcher VM is declared, and a "
-        "preempted slice stays down until `pulumi up` (see README, Compute Engine)"
-    )
-elif config.watcher:
+# Recovery off the laptop: a VM in the stack that runs `tpupod watch` (tpupod:watcher: false opts out),
+# with a role for the slice's API (a TPU API node, or a Compute Engine group).
+if config.watcher:
     watcher = WatcherVm(
         "watcher",
         WatcherVmArgs(
@@ -139,6 +133,7 @@ elif config.watcher:
             worker_tag=naming.network_tag(config),
             node_spec=slice_.spec,
             labels=labels,
+            api=config.resolved_api,
         ),
         # After the slice: at destroy the watcher goes first, so no recovery re-creates what the
         # slice's delete hook removes (a dependsOn edge orders; it replaces nothing).

@@ -26,13 +26,23 @@ meta() { # meta KEY: one instance attribute (fails on anything but 200)
 
 meta tpupod-node-spec >"$STATE/node-spec.json.tmp"
 mv "$STATE/node-spec.json.tmp" "$TPUPOD_ROOT/node-spec.json"
+# The slice's metadata, from either spec: a TPU API node's, or a Compute Engine template's items.
+python3 - "$TPUPOD_ROOT/node-spec.json" >"$TPUPOD_ROOT/slice-metadata.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+if "node" in spec:
+    md = spec["node"]["metadata"]
+else:
+    md = {i["key"]: i.get("value", "") for i in spec["template"]["properties"]["metadata"]["items"]}
+json.dump(md, sys.stdout)
+PY
 # The workers' startup script, from the spec (the local pod's VM: its checkout's, as the pod's
 # workers may boot a test's stand-in); its last line runs its main, which we do not want.
 if [ -n "${TPUPOD_WATCHER_CODE:-}" ]; then
   cp "$TPUPOD_WATCHER_CODE/bootstrap/startup.sh" "$STATE/worker-startup.sh"
 else
-  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["node"]["metadata"]["startup-script"], end="")' \
-    "$TPUPOD_ROOT/node-spec.json" >"$STATE/worker-startup.sh"
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["startup-script"], end="")' \
+    "$TPUPOD_ROOT/slice-metadata.json" >"$STATE/worker-startup.sh"
 fi
 if [ "$(tail -n 1 "$STATE/worker-startup.sh")" != 'main "$@"' ]; then
   echo "watcher bootstrap: the workers' startup script no longer ends in main \"\$@\"" >&2
@@ -43,9 +53,9 @@ fi
 
 phase_metadata() { # the watcher's own: no worker number or endpoints
   local out="$BOOTSTRAP_STATE/metadata.sh"
-  python3 - "$TPUPOD_ROOT/node-spec.json" "$(attr tpupod-stack)" >"$out.tmp" <<'PY'
+  python3 - "$TPUPOD_ROOT/slice-metadata.json" "$(attr tpupod-stack)" >"$out.tmp" <<'PY'
 import json, shlex, sys
-md = json.load(open(sys.argv[1]))["node"]["metadata"]
+md = json.load(open(sys.argv[1]))
 values = {"MD_BUCKET": md["tpupod-bucket"], "MD_BUNDLE_OBJECT": md["tpupod-bundle-object"],
           "MD_BUNDLE_SHA256": md["tpupod-bundle-sha256"], "MD_STACK": sys.argv[2],
           "MD_UV_GROUP": "ops"}

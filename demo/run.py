@@ -5,9 +5,9 @@ watcher does on GCP; then the same job runs once without faults and the two runs
 committed checkpoints are compared array by array, bitwise (ops.commands.checkpoint_compare).
 
 The watcher VM (localpod.vm.watcher_vm) boots from its own startup script and runs `tpupod watch`
-under its supervisor (with `--api compute`, the slice a managed instance group through the pod's
-Compute Engine API, `tpupod watch` runs as a child process instead, as on a laptop: the Compute
-Engine stacks declare no watcher VM yet); this process only observes, as a laptop would: it follows the watcher's
+under its supervisor (with `--api compute` the slice is a managed instance group through the
+pod's Compute Engine API, and the watcher holds a Compute Engine stack's role); this process only
+observes, as a laptop would: it follows the watcher's
 journal and lease in the bucket (`tpupod logs --watcher`, `tpupod status`), reads the jobs'
 status over SSH, injects the faults when the job is healthy at the planned step, and reports.
 """
@@ -28,10 +28,10 @@ from rich.table import Table
 
 from contract import job as jobs
 from contract.layout import checkpoint_dir
-from demo.laptop_watch import LaptopWatch
 from demo.observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
 from demo.reference import compare_runs, emulator_env, pod_provider, run_reference
 from infra import builtin_job
+from localpod.gcp.iam_policy import COMPUTE_STACK, DEFAULT_STACK
 from localpod.gcp.iam_report import IamReport, summarize
 from localpod.pod import LocalPod
 from localpod.state import PodError
@@ -80,20 +80,21 @@ def demo_job(args: argparse.Namespace) -> jobs.Job:
     return job
 
 
-def observe(pod, view: WatcherView, plan: FaultPlan, deadline: float, watcher) -> dict:
-    """Until the watcher journals `done` or `gave_up`: draw progress, inject the faults.
-    `watcher`: (whether it still runs, what it is, where its log is)."""
+def observe(pod, view: WatcherView, plan: FaultPlan, deadline: float) -> dict:
+    """Until the watcher VM journals `done` or `gave_up`: draw progress, inject the faults."""
     trainers = TrainerProbe(pod_provider(pod.paths.root))
-    running, what, log = watcher
+    logs = watcher_vm.vm_dir(pod.paths.root)
     try:
         while (end := view.final()) is None:
-            if not running():  # it may have ended right after journaling its last line
-                view.poll()
+            if not watcher_vm.running(pod.paths.root):
+                view.poll()  # it may have stopped right after journaling its last line
                 if (end := view.final()) is not None:
                     return end
-                raise CliError(f"the {what} stopped; see {log}")
+                raise CliError(f"the watcher VM stopped; see {logs}/boot.log and vm.log")
             if time.time() > deadline:
-                raise CliError(f"no `done` from the {what} in time; see {log}")
+                raise CliError(
+                    f"no `done` from the watcher VM in time; see {logs}/root/watcher.log"
+                )
             if view.seen("watching"):
                 plan.observed(view, trainers)
             time.sleep(OBSERVE_S)
@@ -172,28 +173,28 @@ def run_demo(args: argparse.Namespace) -> int:
     job = demo_job(args)
     steps = job.spec.steps
     pod_dir = args.pod_dir or ROOT / ".tpupod" / "demo"
-    pod = LocalPod(pod_dir, workers=2, job=job, api=args.api)
+    iam_stack = COMPUTE_STACK if args.api == "compute" else DEFAULT_STACK  # the watcher's role
+    pod = LocalPod(pod_dir, workers=2, job=job, api=args.api, iam_stack=iam_stack)
     journal_file = pod.paths.root / "journal.jsonl"
     started = time.time()
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    laptop = LaptopWatch(pod.paths.root, WATCH_ARGS)  # Compute Engine: no watcher VM
     try:
-        who = "its watcher VM" if args.api == "tpu" else "`tpupod watch` (as on a laptop)"
-        with console.status(f"bringing up a 2-worker local pod and {who}") as status:
+        with console.status("bringing up a 2-worker local pod and its watcher VM") as status:
             pod.up(progress=status.update)
-            watcher = start_watcher(pod, laptop, args.api)
+            shutil.rmtree(watcher_vm.vm_dir(pod.paths.root), ignore_errors=True)  # a fresh VM
+            watcher_vm.start(pod.paths.root, watch_args=WATCH_ARGS)
         state = RemoteState.for_target(local_target(pod.paths.root))
         console.print(f"job: {job.source}; run {pod.run_id}, {SLICE_BY[args.api]}. Recovery: "
-                      f"{RECOVERY_BY[args.api]}; this terminal only reads "
-                      f"gs://{state.bucket.name}/{state.prefix}, probes the job and injects the "
-                      "faults", style="dim")  # fmt: skip
+                      f"the watcher VM ({watcher_vm.HOLDER}) runs `tpupod watch`; this terminal "
+                      f"only reads gs://{state.bucket.name}/{state.prefix}, probes the job and "
+                      "injects the faults", style="dim")  # fmt: skip
         plan = FaultPlan(demo_faults(steps), pod)
         columns = [TextColumn("training {task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn()]  # fmt: skip
         with Progress(*columns, console=console) as progress:
             plan.progress, plan.task = progress, progress.add_task("job", total=steps)
             view = WatcherView(state, journal_file, progress.console)
-            end = observe(pod, view, plan, time.time() + max(900.0, steps * 15.0), watcher)
+            end = observe(pod, view, plan, deadline=time.time() + max(900.0, steps * 15.0))
             progress.update(plan.task, completed=end.get("step", 0))
         holder = view.holder()
         view.note("lease", f"last held by {holder}", holder=holder)
@@ -228,11 +229,8 @@ def run_demo(args: argparse.Namespace) -> int:
         interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            with console.status("tearing the pod and its watcher down"):
-                try:
-                    laptop.stop()
-                finally:
-                    pod.down()
+            with console.status("tearing the pod and its watcher VM down"):
+                pod.down()
         finally:
             signal.signal(signal.SIGINT, interrupt)
             signal.signal(signal.SIGTERM, previous)
@@ -240,23 +238,6 @@ def run_demo(args: argparse.Namespace) -> int:
 
 SLICE_BY = {"tpu": "a node through the Cloud TPU API",
             "compute": "a managed instance group through Compute Engine"}  # fmt: skip
-RECOVERY_BY = {
-    "tpu": f"the watcher VM ({watcher_vm.HOLDER}) runs `tpupod watch`",
-    "compute": "`tpupod watch` runs in a child process, as on a laptop (the Compute Engine "
-    "stacks declare no watcher VM yet)",
-}
-
-
-def start_watcher(pod: LocalPod, laptop: LaptopWatch, api: str):
-    """The watcher VM (TPU API path), or `tpupod watch` in a child process (Compute Engine path,
-    whose stacks declare no watcher VM); returns `observe`'s (running, what, log)."""
-    if api == "compute":
-        laptop.start()
-        return laptop.running, "`tpupod watch`", laptop.log
-    shutil.rmtree(watcher_vm.vm_dir(pod.paths.root), ignore_errors=True)  # a fresh VM
-    watcher_vm.start(pod.paths.root, watch_args=WATCH_ARGS)
-    logs = watcher_vm.vm_dir(pod.paths.root)
-    return (lambda: watcher_vm.running(pod.paths.root)), "watcher VM", f"{logs}/root/watcher.log"
 
 
 def _interrupt(*_args) -> None:
@@ -283,9 +264,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     demo.add_argument(
         "--api", choices=("tpu", "compute"), default="tpu",
-        help="the slice as a Cloud TPU API node (recovered by the pod's watcher VM) or as a "
-        "Compute Engine managed instance group (recovered by `tpupod watch` in a child "
-        "process) [tpu]",
+        help="the slice as a Cloud TPU API node, or as a Compute Engine managed instance group "
+        "(TPU7x's only path), recovered by the pod's watcher VM either way [tpu]",
     )  # fmt: skip
     demo.add_argument("--pod-dir", type=Path, help=argparse.SUPPRESS)
     demo.set_defaults(func=run_demo)

@@ -4,7 +4,8 @@ A small on-demand VM (e2-small by default) in the workers' subnet: no external I
 Access reaches the TPU API and GCS, the stack's NAT reaches PyPI), shielded VM with secure boot,
 OS Login on and project keys blocked. Its own service account holds what recovery needs and no
 more: a custom role with TPU node get/list/create/delete and operations get (getGuestAttributes is
-checked as `tpu.nodes.get`); `iam.serviceAccountUser` on the WORKER account only (a node is
+checked as `tpu.nodes.get`), or for a slice through Compute Engine what the catalog says its
+group's and VMs' calls need (`recovery_permissions`); `iam.serviceAccountUser` on the WORKER account only (a node is
 created to run as it); the bucket's `ops/<stack>/` prefix read-write and `bundles/` read-only, by
 IAM condition; log writing; `compute.osAdminLogin` to log in to the workers through OS Login as its
 own POSIX user (docs/seams.md, "Watcher to workers"). A firewall rule lets its tag reach the
@@ -50,12 +51,39 @@ TPU_PERMISSIONS = (
     "tpu.nodes.delete",
     "tpu.operations.get",
 )
+# What `ops.cloud.compute.ComputeProvider` calls (a slice through Compute Engine): the group's
+# get, listManagedInstances, insert and delete, its VMs' get and guest attributes, zone
+# operations; the role holds exactly the permissions the catalog says these methods need.
+COMPUTE_METHODS = (
+    "compute.instanceGroupManagers.get",
+    "compute.instanceGroupManagers.listManagedInstances",
+    "compute.instanceGroupManagers.insert",
+    "compute.instanceGroupManagers.delete",
+    "compute.instances.get",
+    "compute.instances.getGuestAttributes",
+    "compute.zoneOperations.get",
+)
+
+
+def recovery_permissions(api: str) -> tuple[str, ...]:
+    """The watcher role's permissions for the slice's API (`tpu` or `compute`)."""
+    if api != "compute":
+        return TPU_PERMISSIONS
+    needed = (p for method in COMPUTE_METHODS for p in iam.catalog().needs(method))
+    return tuple(sorted(set(needed)))
+
+
 PROJECT_ROLES = (
     "roles/logging.logWriter",
     # OS Login with sudo on the TPU workers (trainerctl stop/start run as root, Contract 4).
     "roles/compute.osAdminLogin",
 )
 SERVICE_ACCOUNT_USER = "roles/iam.serviceAccountUser"
+ROLE_DESCRIPTIONS = {
+    "tpu": "TPU node get/list/create/delete and operations get: recovery only",
+    "compute": "the slice's instance group get/insert/delete, its VMs' get and guest "
+    "attributes, zone operations get: recovery only",
+}
 SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 
 
@@ -74,6 +102,7 @@ class WatcherVmArgs:
     worker_tag: str
     node_spec: pulumi.Input[dict[str, Any]]
     labels: dict[str, str] = field(default_factory=dict)
+    api: str = "tpu"  # the slice's: which API its recovery calls (recovery_permissions)
 
 
 def watcher_tag(name: str) -> str:
@@ -140,8 +169,8 @@ class WatcherVm(pulumi.ComponentResource):
             project=args.project,
             role_id=role_id(args.stack),
             title=f"tpupod watcher ({args.stack})",
-            description="TPU node get/list/create/delete and operations get: recovery only",
-            permissions=check_permissions(role_id(args.stack), TPU_PERMISSIONS),
+            description=ROLE_DESCRIPTIONS[args.api],
+            permissions=check_permissions(role_id(args.stack), recovery_permissions(args.api)),
             opts=child,
         )
         gcp.projects.IAMMember(

@@ -23,7 +23,7 @@ from infra.cleanup import CleanupError
 from infra.config_checks import CREATE_VIAS
 from localpod import cli_tpu
 from localpod.gcp import tpu_client
-from localpod.gcp.iam_policy import DEFAULT_STACK
+from localpod.gcp.iam_policy import COMPUTE_STACK, DEFAULT_STACK
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState
 
@@ -94,9 +94,6 @@ def _up(args: argparse.Namespace) -> int:
     if args.api == "compute" and args.create_via == "queued":
         raise PodError("--api compute --create-via queued: queued resources exist only on the "
                        "Cloud TPU API; a group through Compute Engine is created directly")  # fmt: skip
-    if args.api == "compute" and args.watcher:
-        raise PodError("--api compute --watcher: the Compute Engine path has no watcher VM (as "
-                       "its stacks declare none); run `tpupod watch --stack local` instead")  # fmt: skip
     script = args.startup_script
     if script is not None and not script.is_file():
         raise PodError(f"--startup-script {script}: no such file")
@@ -113,7 +110,7 @@ def _up(args: argparse.Namespace) -> int:
         queue_first=True,
         quota_chips=args.quota_chips,
         zone_quota_chips=args.zone_quota_chips,
-        iam_stack=args.stack,
+        iam_stack=args.stack or (COMPUTE_STACK if args.api == "compute" else DEFAULT_STACK),
         api=args.api,
     )
     console = Console()
@@ -310,9 +307,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--steps", type=int, help="the built-in trainer's training steps [200]")
     up.add_argument("--devices-per-worker", type=int, default=2, help="CPU devices per worker")
     up.add_argument(
-        "--stack", default=DEFAULT_STACK,
+        "--stack",
         help="the stack whose IAM the pod's cloud enforces: its service accounts, grants and "
-        "enabled APIs, as `pulumi up` would leave them [%(default)s]",
+        f"enabled APIs, as `pulumi up` would leave them [{DEFAULT_STACK}; {COMPUTE_STACK} with "
+        "--api compute, whose watcher's role is Compute Engine's]",
     )  # fmt: skip
     up.add_argument("--startup-script", type=Path, help=argparse.SUPPRESS)
     up.add_argument(

@@ -22,7 +22,8 @@ from localpod.gcp.compute_service import ComputeService
 from localpod.gcp.loopback import JsonApiHandler, LoopbackServer
 
 SERVICE = "compute.googleapis.com"
-GUEST_ATTRIBUTES = "enable-guest-attributes"  # instance metadata that turns guest attributes on
+GUEST_ATTRIBUTES = "enable-guest-attributes"
+ACT_AS = "iam.serviceAccounts.actAs"  # instance metadata that turns guest attributes on
 _P = r"/compute/v1/projects/(?P<project>[^/]+)"
 _Z = _P + r"/zones/(?P<zone>[^/]+)"
 _R = _P + r"/regions/(?P<region>[^/]+)"
@@ -233,11 +234,28 @@ class _Handler(JsonApiHandler):
                 f"projects/{args['project']}/serviceAccounts/{accounts[0]}",
                 "iam.googleapis.com/ServiceAccount")  # fmt: skip
         targets: list[Target] = gate.targets(route.method, name, route.kind, cases, where)
+        if route.action == "insert_manager":
+            targets += self._act_as_template(args, body)
         caller = self.caller()
         try:
             gate.check(caller, SERVICE, route.method, targets)
         except Denied as denied:
             raise compute_errors.refusal(denied, gate.policy.project) from None
+
+    def _act_as_template(self, args: dict, body: dict) -> list[Target]:
+        """A group's VMs run as its template's service account, so its insert needs actAs on it:
+        Google's "create a MIG" page asks for roles/iam.serviceAccountUser when the VMs use a
+        service account; the dataset's method map (the catalog) does not list it."""
+        svc: ComputeService = self.server.compute
+        try:
+            path = svc.ref(body.get("instanceTemplate"), "resource.instanceTemplate",
+                           "instanceTemplates")  # fmt: skip
+        except ComputeError:
+            return []  # the insert refuses it, in its own words
+        props = (svc.templates.get(path) or {}).get("properties") or {}
+        emails = [a.get("email") for a in props.get("serviceAccounts") or [] if a.get("email")]
+        account = f"projects/{args['project']}/serviceAccounts/{emails[0]}" if emails else None
+        return [Target(ACT_AS, account, "iam.googleapis.com/ServiceAccount")] if account else []
 
     do_GET = do_POST = do_DELETE = _handle  # noqa: N815 - http.server's naming
 

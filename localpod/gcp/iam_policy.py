@@ -24,6 +24,7 @@ from pathlib import Path
 from localpod.state import PROJECT_ROOT, PodError
 
 DEFAULT_STACK = "v4-32"  # the stack whose IAM the pod enforces unless `--stack` names another
+COMPUTE_STACK = "tpu7x-16"  # the same with `--api compute` (a stack through Compute Engine)
 OPERATOR = "user:operator@example.com"  # the person at the terminal: the project's owner
 OWNER = "roles/owner"
 CACHE_ENV = "TPUPOD_CACHE_DIR"

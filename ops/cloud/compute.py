@@ -24,17 +24,13 @@ from google.cloud import compute_v1
 
 from contract import metadata
 from ops.cloud import queued
+from ops.cloud.compute_errors import RETRIED_REASONS, reason_of, rpc_code
 from ops.cloud.compute_state import MAKING, slice_state
 from ops.cloud.credentials import credentials
 from ops.cloud.slice import ProviderError, SliceInfo, SliceState, Worker, ZoneCursor
 from ops.cloud.target import Target
 from ops.cloud.tpu import CALL_TIMEOUT, OperationStatus
-from ops.cloud.tpu_errors import RESOURCE_EXHAUSTED, Refused, failure_kind, one_line
-
-# 400/403 reasons a later try can pass: a resource busy with another operation, rate limits.
-RETRIED_REASONS = ("resourceNotReady", "rateLimitExceeded", "userRateLimitExceeded",
-                   "backendError")  # fmt: skip
-STOCKOUT_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS")
+from ops.cloud.tpu_errors import Refused, failure_kind, one_line
 
 
 class ComputeProvider(ZoneCursor):
@@ -166,7 +162,9 @@ class ComputeProvider(ZoneCursor):
             return OperationStatus(name, False)
         if op.error and op.error.errors:
             first = op.error.errors[0]
-            return OperationStatus(name, True, _code(first.code), f"{first.code}: {first.message}")
+            return OperationStatus(
+                name, True, rpc_code(first.code), f"{first.code}: {first.message}"
+            )
         if not op.operation_type.endswith("insert"):  # compute.instanceGroupManagers.insert
             return OperationStatus(name, True)
         return self._vms_made(name, zone)
@@ -182,7 +180,7 @@ class ComputeProvider(ZoneCursor):
             if not errors:
                 making = [m for m in managed if str(m.current_action or "NONE") in MAKING]
                 return OperationStatus(name, len(managed) >= manager.target_size and not making)
-            code, message = _code(errors[0].code), f"{errors[0].code}: {errors[0].message}"
+            code, message = rpc_code(errors[0].code), f"{errors[0].code}: {errors[0].message}"
             kind = failure_kind(code, message)  # stockout, quota (the zone's or the region's)
             outcome = OperationStatus(name, True, code, message,
                                       refusal="" if kind == "other" else kind)  # fmt: skip
@@ -268,14 +266,6 @@ class ComputeProvider(ZoneCursor):
                                 ) from None  # fmt: skip
 
 
-def reason_of(err: gexc.GoogleAPICallError) -> str:
-    """Compute Engine's own reason for a refusal (`error.errors[0].reason`), "" when none."""
-    try:
-        return str(err.response.json()["error"]["errors"][0]["reason"])
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
-        return ""
-
-
 def group_body(body: dict) -> compute_v1.InstanceGroupManager:
     """The spec's group (Compute Engine v1's JSON, as infra.mig_spec writes it) as the client's
     type; a field the installed client does not know is one clear line."""
@@ -284,11 +274,6 @@ def group_body(body: dict) -> compute_v1.InstanceGroupManager:
     except (ValueError, TypeError) as err:
         raise ProviderError(f"the spec's group is not a compute_v1.InstanceGroupManager: {err}"
                             ) from None  # fmt: skip
-
-
-def _code(code: str) -> int:
-    """A Compute Engine error code as the google.rpc code recovery judges by."""
-    return RESOURCE_EXHAUSTED if code in STOCKOUT_CODES else 13
 
 
 def make_clients(target: Target) -> dict:

@@ -101,8 +101,8 @@ def test_demo_recovers_through_the_watcher_vm_with_equal_weights(tmp_path, capsy
 
 def test_demo_on_the_compute_engine_path_recovers_with_equal_weights(tmp_path, capsys):
     """`tpupod demo --api compute` (issue 51): the slice a managed instance group through the
-    pod's Compute Engine API, recovered by `tpupod watch` in a child process (the Compute Engine
-    stacks declare no watcher VM); the stockout sends the recreate to the other zone."""
+    pod's Compute Engine API, recovered by the watcher VM as a Compute Engine stack's watcher
+    account; the stockout sends the recreate to the other zone."""
     pod_dir = tmp_path / "demo"
     code = main(["demo", "--api", "compute", "--pod-dir", str(pod_dir)])
     out = capsys.readouterr().out
@@ -110,7 +110,7 @@ def test_demo_on_the_compute_engine_path_recovers_with_equal_weights(tmp_path, c
     messages = [f"{e['event']}: {e['message']}" for e in events]
     assert code == 0, (out, messages)
     lease = next(e for e in events if e["event"] == "lease")
-    assert lease["holder"] == "laptop", messages
+    assert lease["holder"] == watcher_vm.HOLDER, messages
     watcher = [e for e in events if e.get("by") != "demo"]
     resumed = {e["kind"] for e in watcher if e["event"] == "resumed"}
     assert resumed == {"preemption", "hang", "crash"}, messages
@@ -120,4 +120,5 @@ def test_demo_on_the_compute_engine_path_recovers_with_equal_weights(tmp_path, c
     assert recreated["zone"] == "local-b", messages
     words = " ".join(out.replace("│", " ").split())
     assert "bitwise equal" in words and "a managed instance group through Compute Engine" in words
+    assert summarize(pod_dir).least_privilege  # the Compute Engine role: used, and enough
     assert not list(pod_dir.glob("pod.json"))  # torn down

@@ -19,7 +19,7 @@ import pytest
 
 from localpod.gcp import identities
 from localpod.gcp.authz import POLICY_FILE
-from localpod.gcp.iam_policy import Policy
+from localpod.gcp.iam_policy import COMPUTE_STACK, Policy
 from localpod.gcp.iam_report import summarize
 from localpod.pod import LocalPod
 from localpod.vm import watcher_vm
@@ -152,3 +152,35 @@ def test_the_watcher_vm_recovers_alone_and_survives_being_killed(watched_pod, ca
     assert iam.least_privilege, iam.lines()
     assert {m.split("@")[0] for m in iam.unused} >= {"serviceAccount:tpupod-local",
                                                      "serviceAccount:tpupod-local-watch"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_watcher_vm_recovers_a_compute_engine_group(tmp_path, monkeypatch):
+    """`tpupod local up --api compute --watcher` (issue 51): the watcher VM, as the watcher
+    account of a Compute Engine stack (its role: what the catalog says the group's calls need),
+    brings the preempted group back and the job resumes to its end. `slow` (about two minutes;
+    CI keeps under 20): CI recovers a group with `tpupod watch` in tests/e2e/test_jobs.py."""
+    monkeypatch.setenv("TPUPOD_WATCH_ARGS", "--hang-timeout 10 --backoff 0.5")
+    pod = LocalPod(tmp_path / "pod", workers=2, api="compute", iam_stack=COMPUTE_STACK,
+                   trainer_args=f"--config tiny --steps {STEPS} --set checkpoint_every=10")  # fmt: skip
+    try:
+        pod.up()
+        watcher_vm.start(pod.paths.root)
+        state = RemoteState.for_target(local_target(pod.paths.root))
+
+        def has(name: str, kind: str | None = None) -> bool:
+            return any(r["event"] == name and kind in (None, r.get("kind"))
+                       for _, r in state.read_journal())  # fmt: skip
+
+        wait("the watcher watching", lambda: has("watching"), 120)
+        wait("step 12", lambda: min(steps(pod)) >= 12)
+        before = [w.hostname for w in pod.describe().workers]
+        pod.preempt(0, wait=False)
+        wait("the preemption resumed", lambda: has("resumed", "preemption"))
+        wait("done", lambda: has("done"), 600)
+        assert not set(before) & {w.hostname for w in pod.describe().workers}  # a new group
+        iam = summarize(pod.paths.root)  # every call allowed, every role held used
+        assert iam.least_privilege, iam.lines()
+    finally:
+        watcher_vm.stop(pod.paths.root)
+        pod.down()

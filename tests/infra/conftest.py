@@ -70,7 +70,12 @@ def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
             inputs["metadata"] = {**inputs["metadata"], metadata.STARTUP_SCRIPT: "<startup.sh>"}
         if NODE_SPEC_KEY in (inputs.get("metadata") or {}):  # the watcher's copy of node_spec
             spec = json.loads(inputs["metadata"][NODE_SPEC_KEY])
-            spec["node"]["metadata"][metadata.STARTUP_SCRIPT] = "<startup.sh>"
+            if "node" in spec:
+                spec["node"]["metadata"][metadata.STARTUP_SCRIPT] = "<startup.sh>"
+            else:  # a Compute Engine spec: the template's metadata items
+                for item in spec["template"]["properties"]["metadata"]["items"]:
+                    if item["key"] == metadata.STARTUP_SCRIPT:
+                        item["value"] = "<startup.sh>"
             inputs["metadata"] = {**inputs["metadata"], NODE_SPEC_KEY: json.dumps(spec)}
         resource = {
             "type": r.type,

@@ -131,8 +131,8 @@ def test_google_s_client_takes_every_body(evaluations, stack):
 
 
 @pytest.mark.parametrize("stack", COMPUTE_STACKS)
-def test_outputs_and_no_watcher_yet(evaluations, stack):
-    """The watch recreates TPU API nodes only so far: no watcher VM (a warning says so)."""
+def test_outputs_and_the_watcher(evaluations, stack):
+    """The outputs that name the group, and the watcher VM that recovers it (issue 51)."""
     evaluation, config = evaluations[stack], config_of(stack)
     values = evaluation.values
     assert values["slice_api"] == "compute" and values["num_hosts"] == config.accelerator.hosts
@@ -142,7 +142,8 @@ def test_outputs_and_no_watcher_yet(evaluations, stack):
     assert values["instances_command"].startswith(
         f"gcloud compute instance-groups managed list-instances {values['mig']} --zone "
     )
-    assert not evaluation.of_type("gcp:compute/instance:Instance")
+    (watcher,) = evaluation.of_type("gcp:compute/instance:Instance")
+    assert watcher.name == "watcher-vm" and values["watcher_instance"]
     assert not evaluation.of_type("gcp:tpu/v2Vm:V2Vm")
 
 

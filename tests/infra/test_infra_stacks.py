@@ -15,6 +15,7 @@ import pytest
 from contract import metadata
 from infra import catalog, naming, offline, policies
 from infra.config import parse, raw_from_config_map
+from infra.mig_spec import GUEST_ATTRIBUTES_METADATA
 from infra.security import IAP_RANGE, OS_LOGIN_METADATA
 
 STACKS = offline.stack_names()
@@ -108,7 +109,9 @@ def test_metadata_is_exactly_the_seam(evaluations, stack):
     )
     # The same metadata on either path: the TPU API's node, or Compute Engine's template.
     actual = (evaluation.of_type(TPU) or evaluation.of_type(TEMPLATE))[0].inputs["metadata"]
-    assert actual == {**expected, **OS_LOGIN_METADATA}
+    # A Compute Engine VM publishes its SSH host keys (guest attributes) only when told to.
+    on_compute = {} if evaluation.of_type(TPU) else GUEST_ATTRIBUTES_METADATA
+    assert actual == {**expected, **OS_LOGIN_METADATA, **on_compute}
     assert actual[metadata.STARTUP_SCRIPT] == metadata.startup_script()
     # The stack's preset is the built-in trainer's job, declared in the job format.
     job = json.loads(actual[metadata.JOB])

@@ -13,9 +13,9 @@ import pytest
 from contract import iam
 from infra import offline, policies
 from infra.security import OS_LOGIN_METADATA
-from infra.watcher_vm import NODE_SPEC_KEY, TPU_PERMISSIONS
+from infra.watcher_vm import NODE_SPEC_KEY, TPU_PERMISSIONS, recovery_permissions
 
-STACKS = offline.stack_names(api="tpu")  # compute: no watcher yet (test_infra_mig_slice)
+STACKS = offline.stack_names()  # both paths: a TPU API node's and a Compute Engine group's
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 PROJECT_IAM = "gcp:projects/iAMMember:IAMMember"
@@ -63,7 +63,13 @@ def test_the_watcher_account_holds_what_recovery_needs_and_no_more(evaluations, 
     )
     assert not [role for role in project_roles if role.startswith("roles/storage.")]
     role = next(r for r in ours if r.type == "gcp:projects/iAMCustomRole:IAMCustomRole")
-    assert role.inputs["permissions"] == list(TPU_PERMISSIONS)
+    api = evaluation.values["slice_api"]
+    assert role.inputs["permissions"] == list(recovery_permissions(api))
+    if api == "tpu":
+        assert role.inputs["permissions"] == list(TPU_PERMISSIONS)
+    else:  # what ComputeProvider's calls need, and nothing of the TPU API
+        assert "compute.instanceGroupManagers.delete" in role.inputs["permissions"]
+        assert not [p for p in role.inputs["permissions"] if p.startswith("tpu.")]
     (act_as,) = [r for r in ours if r.type == SA_IAM]
     assert act_as.inputs["role"] == "roles/iam.serviceAccountUser"
     worker_email = evaluation.values["service_account_email"]
@@ -83,7 +89,9 @@ def test_ssh_from_the_watcher_tag_only_to_port_22(evaluations, stack):
     assert len(rules) == 1
     rule = rules[0].inputs
     assert rule["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
-    assert rule["targetTags"] == [evaluation.one("gcp:tpu/v2Vm:V2Vm").inputs["tags"][0]]
+    slices = evaluation.of_type("gcp:tpu/v2Vm:V2Vm") or evaluation.of_type(
+        "gcp:compute/instanceTemplate:InstanceTemplate")  # fmt: skip
+    assert rule["targetTags"] == [slices[0].inputs["tags"][0]]
     assert not rule.get("sourceRanges")
 
 
