@@ -76,7 +76,8 @@ def inventory(evaluation: offline.Evaluation) -> dict[str, Any]:
                 for item in spec["template"]["properties"]["metadata"]["items"]:
                     if item["key"] == metadata.STARTUP_SCRIPT:
                         item["value"] = "<startup.sh>"
-            inputs["metadata"] = {**inputs["metadata"], NODE_SPEC_KEY: json.dumps(spec)}
+            # cleaned as a value (the template's name holds a hash of the code bundle's)
+            inputs["metadata"] = {**inputs["metadata"], NODE_SPEC_KEY: json.dumps(clean(spec))}
         resource = {
             "type": r.type,
             "name": r.name,
