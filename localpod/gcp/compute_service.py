@@ -153,7 +153,6 @@ class ComputeService(KeptResources):
         with self._lock:
             mig = self._mig(path)
             op = self.ops.new(path.rsplit("/", 2)[0], MIG_OPS + "delete", path)
-            mig["deleting"] = True
         threading.Thread(target=self._delete_when_idle, args=(mig, op), daemon=True).start()
         return self.ops.get(op_path(op))
 
