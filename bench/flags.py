@@ -29,6 +29,7 @@ FLAGS: dict[str, dict] = {
     "--overhead-steps": dict(type=int, default=1500, help="steps per run (> 100) [1500]"),
     "--overhead-rounds": dict(type=int, default=5, help="interleaved rounds on the pod (tiny "
                               "without and with saves every 100 steps) [5]"),
+    "--infra-runs": dict(type=int, default=3, help="fresh interpreters, one after the other (>= 3) [3]"),
     "--job": dict(type=Path, default=REPO / "examples" / "jobs" / "flax-plain",
                   help="the job directory [examples/jobs/flax-plain]"),
     "--job-rounds": dict(type=int, default=5, help="overhead rounds (>= 3) [5]"),
@@ -48,7 +49,7 @@ BY_BENCHMARK: dict[str, tuple[str, ...]] = {
                    "--checkpoint-pod"),
     "overhead": ("--record", "--overhead-steps", "--overhead-rounds"),
     "verify": ("--record",),
-    "infra": (),
+    "infra": ("--infra-runs",),
     "recovery": ("--record", "--preset", "--set", "--min-steps", "--rounds", "--notice"),
     "recovery-compute": ("--record", "--preset", "--set", "--min-steps", "--rounds", "--notice"),
     "job": ("--record", "--job", "--job-rounds", "--rounds", "--notice"),
