@@ -1,5 +1,5 @@
 """`uv run python -m bench [NAME [flags]]`: NAME is all (the default) or one of trainer, gpu,
-checkpoint, overhead, verify, infra, recovery, capacity, coldboot, job, goodput, cost, faults; `NAME --help` lists its flags.
+checkpoint, storage, overhead, verify, infra, recovery, capacity, coldboot, job, goodput, cost, faults; `NAME --help` lists its flags.
 `uv run python -m bench report` renders BENCHMARKS.md again from BENCHMARKS.json, running nothing.
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
@@ -38,7 +38,9 @@ def load() -> str:
 DESCRIPTION = {
     "trainer": "the trainer's step time and MFU on this machine's CPU",
     "gpu": "`1b` on one GPU: MFU against the datasheet peak",
-    "checkpoint": "what checkpoints cost: saves' overhead, restore and save-on-notice seconds",
+    "checkpoint": "what checkpoints cost: async and sync saves' overhead on small's loop",
+    "storage": "checkpoints on the pod's storage: restore and save-on-notice seconds, steps lost "
+    "on a kill, save stalls",
     "overhead": "the pod's training loop without and with saves every 100 steps",
     "verify": "what checkpoint verification adds to restore time (tiny, small)",
     "infra": "the Pulumi program's resources and policy findings, per stack",
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".json").unlink(missing_ok=True)  # smoke rows never accumulate
         figs = smoke(out, console)
-        if named == "checkpoint":  # named only: it starts an emulator and imports Orbax
+        if named == "storage":  # named only: it starts an emulator and imports Orbax
             from bench import checkpoint_storage
 
             figs += checkpoint_storage.smoke_figures(checkpoint_storage.smoke())

@@ -2,9 +2,13 @@
 
 `storage_run`: restore seconds (`tiny`, `small`), save-on-notice seconds, steps lost on a SIGKILL
 at the interval used, and where a restore's time goes (objects per step, requests and their
-latency). `smoke`: Orbax save + restore of a tiny-sized tree through the emulator, in seconds (CI).
+latency). Every case runs `runs` times, in rounds (each round every case once, each in a run
+directory of its own): a row is the median of its rounds, its spread every round's value, and a
+steps-lost row is met only if every round's kill is. `smoke`: Orbax save + restore of a
+tiny-sized tree through the emulator, in seconds (CI).
 
-    uv run python -m bench.checkpoint_storage [--smoke]
+    uv run python -m bench storage                      # the rows, into BENCHMARKS.md
+    uv run python -m bench.checkpoint_storage [--smoke] [--runs N]
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ def _requests(log: Path, since: int) -> int:
         return sum(1 for x in f if b"/o" in x and b'HTTP/1.1"' in x)
 
 
-def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: str) -> dict:
+def storage_case(
+    config: str, steps: int, every: int, env: dict, log: Path, cc: str, run: int = 0
+) -> dict:
     """One preset on the emulator: SIGTERM at step `every`+1 (save on notice), resume (restore
     seconds, requests), then SIGKILL at a step past a save and resume (steps lost). Whether saves
     keep up with the interval: the notice save's seconds against the killed run's median step
     time times the interval."""
-    wd = f"gs://{BUCKET}/runs/{config}-every{every}"
+    wd = f"gs://{BUCKET}/runs/{config}-every{every}-round{run}"
     sets = [f"checkpoint_every={every}"]
     proc = start_trainer(config, steps, wd, sets, env, cc)
     try:
@@ -70,6 +76,7 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
     return {
         "config": config,
         "checkpoint_every": every,
+        "round": run,
         "save_on_notice_s": term.get("save_s"),
         "restore_s": restored.get("seconds"),
         "restore_requests": requests,
@@ -82,26 +89,35 @@ def storage_case(config: str, steps: int, every: int, env: dict, log: Path, cc: 
 
 
 def storage_figures(r: dict) -> list:
-    """BENCHMARKS.md rows, each with its goal and a judged met / not met."""
-    from bench.report import Figure
+    """BENCHMARKS.md rows, each with its goal and a judged met / not met: per preset, the median
+    restore and save-on-notice seconds of its first interval's rounds; per case, steps lost."""
+    from bench.report import Figure, median, spread
 
-    rows, timed = [], set()
+    groups: dict[tuple[str, int], list[dict]] = {}
     for c in r["cases"]:
-        cfg, every = c["config"], c["checkpoint_every"]
+        groups.setdefault((c["config"], c["checkpoint_every"]), []).append(c)
+    rows, timed = [], set()
+    for (cfg, every), cases in groups.items():
         where = f"{cfg} on the pod's GCS emulator (OCDBT), checkpoint_every={every}"
         if cfg not in timed:  # restore and save seconds: the first case of each preset
             timed.add(cfg)
+            rounds = f"; median of {len(cases)} rounds" if len(cases) > 1 else ""
+            restore = [c["restore_s"] for c in cases]
+            requests = median([c["restore_requests"] for c in cases])
             goal = r["goals"].get(f"restore_{cfg}_s")
-            rows.append(Figure(f"checkpoint restore seconds, {cfg}", c["restore_s"], "s",
-                               f"<= {goal:g} s" if goal else "", _met(c["restore_s"], goal),
+            rows.append(Figure(f"checkpoint restore seconds, {cfg}", median(restore), "s",
+                               f"<= {goal:g} s" if goal else "", _met(median(restore), goal),
                                note=f"{where}: listing, checks and every read; "
-                               f"{c['restore_requests']} object requests"))  # fmt: skip
+                               f"{requests:g} object requests{rounds}", n=_n(restore),
+                               spread=spread(restore, "s", 3)))  # fmt: skip
+            save = [c["save_on_notice_s"] for c in cases]
             goal = r["goals"].get(f"save_{cfg}_s")
-            rows.append(Figure(f"checkpoint save on notice seconds, {cfg}", c["save_on_notice_s"],
-                               "s", f"<= {goal:g} s (half the 30 s notice)" if goal else "",
-                               _met(c["save_on_notice_s"], goal), note=f"{where}: SIGTERM to "
-                               "committed (the trainer's preempted.save_s)"))  # fmt: skip
-        rows.append(steps_lost_figure(c, where))
+            rows.append(Figure(f"checkpoint save on notice seconds, {cfg}", median(save), "s",
+                               f"<= {goal:g} s (half the 30 s notice)" if goal else "",
+                               _met(median(save), goal), note=f"{where}: SIGTERM to committed "
+                               f"(the trainer's preempted.save_s){rounds}", n=_n(save),
+                               spread=spread(save, "s", 3)))  # fmt: skip
+        rows.append(steps_lost_rounds(cases, where))
     if "compression" in r:  # runs before the compression choice have none
         rows.append(compression_figure(r["compression"]))
     lat = r["latency"]
@@ -109,6 +125,26 @@ def storage_figures(r: dict) -> list:
                        note=f"median of 200 on a kept-alive connection, p90 "
                        f"{lat['p90_s'] * 1e3:.2f} ms"))  # fmt: skip
     return rows
+
+
+def _n(values: list) -> int:
+    return sum(v is not None for v in values)
+
+
+def steps_lost_rounds(cases: list[dict], where: str):
+    """One case's rounds as one row: every round's steps lost, met only if every round's is."""
+    if len(cases) == 1:
+        return steps_lost_figure(cases[0], where)
+    each = [steps_lost_figure(c, where) for c in cases]
+    first = each[0]
+    verdicts = [f.met for f in each]
+    met = None if None in verdicts else all(verdicts)
+    notes = "; ".join(f"round {i + 1}: {f.note.removeprefix(where + ': ')}"
+                      for i, f in enumerate(each))  # fmt: skip
+    first.value = ", ".join(str(f.value) for f in each)
+    first.met, first.n = met, len(each)
+    first.note = f"{where}: each round; met only if every round is; {notes}"
+    return first
 
 
 def steps_lost_figure(c: dict, where: str):
@@ -173,19 +209,27 @@ def request_latency(env: dict, n: int = 200) -> dict:
     return {"median_s": statistics.median(times), "p90_s": times[int(0.9 * len(times))]}
 
 
-def storage_run(configs=(("tiny", 300, 100), ("tiny", 40, 5), ("small", 30, 4))) -> dict:
+def storage_run(
+    configs=(("tiny", 300, 100), ("tiny", 40, 5), ("small", 30, 4)), runs: int = 3, console=None
+) -> dict:
     """tiny at 100 steps per save, the goodput job's interval (its saves keep up: about 0.3 s a
     save against 100 steps of under 10 ms; at 40 they no longer did), and at 5 (they do not);
     small at 4 steps per save: about 7 s per step on a 2-core CPU, so three starts of it
-    (SIGTERM, resume, SIGKILL, resume) stay within minutes."""
+    (SIGTERM, resume, SIGKILL, resume) stay within minutes. `runs` rounds, each every case once."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "emulator.log"
         with emulator(log) as env:
             cc = str(Path(tmp) / "cc")
-            cases = [storage_case(c, s, e, env, log, cc) for c, s, e in configs]
+            cases = []
+            for run in range(runs):
+                for c, s, e in configs:
+                    if console is not None:
+                        console.print(f"storage round {run + 1} of {runs}: {c}, every {e}")
+                    cases.append(storage_case(c, s, e, env, log, cc, run))
             compression = compression_case("small", env, cc)
             latency = request_latency(env)
-    return {"cases": cases, "compression": compression, "latency": latency, "goals": GOALS}
+    return {"cases": cases, "compression": compression, "latency": latency, "goals": GOALS,
+            "runs": runs}  # fmt: skip
 
 
 def smoke() -> dict:
@@ -217,4 +261,6 @@ def smoke() -> dict:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help="the in-process smoke instead")
-    print(json.dumps(smoke() if p.parse_args().smoke else storage_run(), indent=1))
+    p.add_argument("--runs", type=int, default=3, help="rounds of every case [3]")
+    a = p.parse_args()
+    print(json.dumps(smoke() if a.smoke else storage_run(runs=a.runs), indent=1))

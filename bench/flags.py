@@ -29,6 +29,8 @@ FLAGS: dict[str, dict] = {
     "--overhead-steps": dict(type=int, default=1500, help="steps per run (> 100) [1500]"),
     "--overhead-rounds": dict(type=int, default=5, help="interleaved rounds on the pod (tiny "
                               "without and with saves every 100 steps) [5]"),
+    "--storage-runs": dict(type=int, default=3, help="runs of each storage case and of the "
+                           "save-stall run (>= 3) [3]"),
     "--infra-runs": dict(type=int, default=3, help="fresh interpreters, one after the other (>= 3) [3]"),
     "--job": dict(type=Path, default=REPO / "examples" / "jobs" / "flax-plain",
                   help="the job directory [examples/jobs/flax-plain]"),
@@ -47,6 +49,7 @@ BY_BENCHMARK: dict[str, tuple[str, ...]] = {
     "gpu": ("--trainer-steps", "--set"),
     "checkpoint": ("--record", "--trainer-config", "--checkpoint-steps", "--checkpoint-repeats",
                    "--checkpoint-pod"),
+    "storage": ("--record", "--storage-runs"),
     "overhead": ("--record", "--overhead-steps", "--overhead-rounds"),
     "verify": ("--record",),
     "infra": ("--infra-runs",),

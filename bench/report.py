@@ -40,7 +40,7 @@ class Figure:
 
 
 # Section order: by benchmark (`python -m bench NAME`), then as written.
-BENCH_ORDER = ("trainer", "gpu", "checkpoint", "overhead", "verify", "infra", "recovery",
+BENCH_ORDER = ("trainer", "gpu", "checkpoint", "storage", "overhead", "verify", "infra", "recovery",
                "recovery-compute",
                "capacity", "coldboot", "job", "goodput", "faults", "cost")  # fmt: skip
 

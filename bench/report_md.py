@@ -21,8 +21,8 @@ PHASES_PNG = "docs/benchmarks-recovery.png"  # drawn here, from the recovery pha
 METHOD = {
     "trainer": ("bench/trainer_bench.py",),
     "gpu": ("bench/runners.py:gpu_figs",),
-    "checkpoint": ("bench/checkpoint_bench.py", "bench/checkpoint_storage.py",
-                   "bench/checkpoint_stall.py"),
+    "checkpoint": ("bench/checkpoint_bench.py",),
+    "storage": ("bench/checkpoint_storage.py", "bench/checkpoint_stall.py"),
     "overhead": ("bench/runners.py:overhead_figs",),
     "verify": ("bench/verify_bench.py",),
     "infra": ("bench/infra_eval.py",),

@@ -55,20 +55,21 @@ def gpu_figs(a, console) -> list[Figure]:
 
 
 def checkpoint_figs(a, console) -> list[Figure]:
+    """small's checkpoint overhead in one process (1.5-2 h); the storage rows are `bench storage`'s."""
     from bench import checkpoint_bench
 
-    if a.record:  # re-judge a saved run: its checkpoint.json and the storage and stall results
-        return checkpoint_record_figs(a.record)
+    if a.record:  # re-judge a saved run (its checkpoint.json)
+        r = json.loads(a.record.read_text())
+        return measured_at(checkpoint_bench.figures(r), a.record.stat().st_mtime, "run ended")
     r = checkpoint_bench.run(a.trainer_config, a.checkpoint_steps, repeats=a.checkpoint_repeats,
                              pod=a.checkpoint_pod, console=console)  # fmt: skip
     save("checkpoint", r)
-    return checkpoint_bench.figures(r) + checkpoint_storage_figs()
+    return checkpoint_bench.figures(r)
 
 
 def overhead_figs(a, console) -> list[Figure]:
     """tiny's checkpoint overhead on the pod at the goal's interval (every 100 steps), in rounds
-    of its own: the checkpoint bench's rows (small's overhead, storage, stalls) take 1.5-2 h and
-    stay as they are. `--record bench/out/overhead.json` re-judges a saved run."""
+    of its own: the checkpoint bench's row (small's overhead) takes 1.5-2 h and stays as it is. `--record bench/out/overhead.json` re-judges a saved run."""
     from bench import checkpoint_bench
 
     if a.record:
@@ -80,32 +81,24 @@ def overhead_figs(a, console) -> list[Figure]:
     return checkpoint_bench.figures(r)
 
 
-def checkpoint_storage_figs() -> list[Figure]:
-    """Restore / save-on-notice seconds and steps lost on a kill, on the pod's GCS emulator."""
-    from bench import checkpoint_storage
+def storage_figs(a, console) -> list[Figure]:
+    """Restore and save-on-notice seconds, steps lost on a kill, and save stalls on the pod's GCS
+    emulator, each case `--storage-runs` times (medians of >= 3); `--record` re-judges a saved
+    run (bench/out/storage.json)."""
+    from bench import checkpoint_stall, checkpoint_storage
 
-    r = checkpoint_storage.storage_run()
-    save("checkpoint_storage", r)
-    figs = checkpoint_storage.storage_figures(r)
-    from bench import checkpoint_stall
-
-    stall = checkpoint_stall.stall_run()
-    save("checkpoint_stall", stall)
-    return [*figs, checkpoint_stall.stall_figure(stall)]
-
-
-def checkpoint_record_figs(record: Path) -> list[Figure]:
-    """The rows of a saved `bench checkpoint` run (record: its checkpoint.json; the storage and
-    stall results beside it), dated when the last of them was written."""
-    from bench import checkpoint_bench, checkpoint_stall, checkpoint_storage
-
-    parts = [record, *(record.with_name(f"checkpoint_{x}.json") for x in ("storage", "stall"))]
-    if missing := [str(p) for p in parts if not p.exists()]:
-        raise FileNotFoundError(f"no saved checkpoint run at {', '.join(missing)}")
-    r, storage, stall = (json.loads(p.read_text()) for p in parts)
-    figs = [*checkpoint_bench.figures(r), *checkpoint_storage.storage_figures(storage),
-            checkpoint_stall.stall_figure(stall)]  # fmt: skip
-    return measured_at(figs, max(p.stat().st_mtime for p in parts), "run ended")
+    if a.record:
+        r = json.loads(a.record.read_text())
+        figs = [*checkpoint_storage.storage_figures(r["storage"]),
+                checkpoint_stall.stall_figure(r["stall"])]  # fmt: skip
+        return measured_at(figs, a.record.stat().st_mtime, "run ended")
+    storage = checkpoint_storage.storage_run(runs=a.storage_runs, console=console)
+    stall = []
+    for i in range(a.storage_runs):
+        console.print(f"save stall run {i + 1} of {a.storage_runs}")
+        stall.append(checkpoint_stall.stall_run())
+    save("storage", {"storage": storage, "stall": stall})
+    return [*checkpoint_storage.storage_figures(storage), checkpoint_stall.stall_figure(stall)]
 
 
 def infra_figs(a, console) -> list[Figure]:
@@ -269,6 +262,7 @@ RUNNERS = {
     "trainer": trainer_figs,
     "gpu": gpu_figs,
     "checkpoint": checkpoint_figs,
+    "storage": storage_figs,
     "overhead": overhead_figs,
     "verify": verify_figs,
     "infra": infra_figs,

@@ -304,18 +304,46 @@ def test_the_overhead_is_split_into_the_saves_own_steps_and_steps_slower_through
     )
 
 
-def test_a_save_stall_is_judged_against_one_median_step():
+def test_a_save_stall_is_judged_against_one_median_step_in_every_run():
     from bench.checkpoint_stall import stall_figure
 
     r = {"steps": 60, "exit_code": 0, "saves_deferred": 57, "waited_behind_s": 0.0,
          "step_s": 0.012, "longest_step_s": 0.07}  # fmt: skip
-    assert stall_figure(r).met is True and "57 of 60 saves deferred" in stall_figure(r).note
+    assert stall_figure(r).met is True and "saves deferred: 57 of 60" in stall_figure(r).note
     assert stall_figure({**r, "waited_behind_s": 0.3}).met is False  # it waited on the writer
     assert stall_figure({**r, "exit_code": 1}).value.startswith("not measured")
+    # three runs: the median is within a step, but one run waited on the writer: missed
+    runs = [r, {**r, "waited_behind_s": 0.005}, {**r, "waited_behind_s": 0.3}]
+    row = stall_figure(runs)
+    assert (row.value, row.n, row.spread, row.met) == (0.005, 3, "0.000, 0.005, 0.300 s", False)
+    assert stall_figure(runs[:2]).met is True
+    assert stall_figure([r, {**r, "exit_code": 1}]).value.startswith("not measured")
 
 
-def test_checkpoint_record_rejudges_the_saved_run_with_its_date(tmp_path):
-    from bench.runners import checkpoint_record_figs
+def test_storage_rows_are_medians_of_their_rounds_and_steps_lost_is_met_only_every_round():
+    from bench.checkpoint_storage import GOALS, storage_figures
+
+    def case(restore: float, save: float, lost: int, run: int) -> dict:
+        return {**_storage_case(100, save, 0.005, lost), "restore_s": restore, "round": run}
+
+    lat = {"median_s": 0.0002, "p90_s": 0.0003}
+    cases = [case(0.3, 0.2, 20, 0), case(0.1, 0.4, 30, 1), case(2.0, 0.3, 20, 2)]
+    rows = {f.name: f for f in storage_figures({"cases": cases, "latency": lat, "goals": GOALS})}
+    restore = rows["checkpoint restore seconds, tiny"]
+    assert (restore.value, restore.n, restore.met) == (0.3, 3, True)  # one slow round: median
+    assert restore.spread == "0.300, 0.100, 2.000 s"
+    assert rows["checkpoint save on notice seconds, tiny"].value == 0.3
+    lost = rows["steps lost on a kill, tiny (every 100)"]
+    assert (lost.value, lost.n, lost.met) == ("20, 30, 20", 3, True)
+    cases[1] = case(0.1, 0.4, 230, 1)  # one round lost two intervals: the row is missed
+    rows = {f.name: f for f in storage_figures({"cases": cases, "latency": lat, "goals": GOALS})}
+    assert rows["steps lost on a kill, tiny (every 100)"].met is False
+
+
+def test_checkpoint_and_storage_records_rejudge_the_saved_runs_with_their_dates(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.runners import checkpoint_figs, storage_figs
 
     run = {"config": "small", "steps": 50, "checkpoint_every": 25, "repeats": 1,
            "loop_median_s": {"none": 100.0, "async": 105.0}, "cpu_s": {"none": [None]},
@@ -325,14 +353,13 @@ def test_checkpoint_record_rejudges_the_saved_run_with_its_date(tmp_path):
     stall = {"steps": 60, "exit_code": 0, "saves_deferred": 57, "waited_behind_s": 0.0,
              "step_s": 0.01, "longest_step_s": 0.05}  # fmt: skip
     record = tmp_path / "checkpoint.json"
-    with pytest.raises(FileNotFoundError, match="checkpoint_storage.json"):
-        record.write_text(json.dumps(run))
-        checkpoint_record_figs(record)
-    (tmp_path / "checkpoint_storage.json").write_text(json.dumps(storage))
-    (tmp_path / "checkpoint_stall.json").write_text(json.dumps(stall))
-    figs = checkpoint_record_figs(record)
+    record.write_text(json.dumps(run))
+    figs = checkpoint_figs(SimpleNamespace(record=record), None)
     assert figs[0].met is False and figs[0].value == 1.05  # judged again, by today's code
-    assert figs[-1].met is True and all("run ended" in f.machine for f in figs)
+    record = tmp_path / "storage.json"
+    record.write_text(json.dumps({"storage": storage, "stall": [stall] * 3}))
+    figs = storage_figs(SimpleNamespace(record=record), None)
+    assert figs[-1].met is True and figs[-1].n == 3 and all("run ended" in f.machine for f in figs)
 
 
 def test_overhead_record_writes_its_own_rows_beside_the_checkpoint_benchs(tmp_path):
