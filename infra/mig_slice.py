@@ -9,7 +9,6 @@ API slice: the workers boot the same way and the job's contract is the same. `sp
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,7 @@ from infra.mig_spec import (
     template_properties,
 )
 from infra.node_spec import CLOUD_PLATFORM_SCOPE, resource_path
-from infra.tpu_slice import CREATE_TIMEOUT, check_metadata_size
+from infra.tpu_slice import CREATE_TIMEOUT, check_metadata_size, removal_hook
 
 
 @dataclass(frozen=True)
@@ -196,18 +195,11 @@ def before_delete(
     say: Callable[[str], None] = pulumi.log.info,
 ) -> Callable[[pulumi.ResourceHookArgs], Awaitable[None]]:
     """The group's before_delete hook: `group_cleanup.remove_groups` of the slice's name in
-    `zones` but the one it was declared in (the hook's old inputs: Pulumi deletes that one
-    itself), with `client()` (ADC on Google's endpoint); says what it deleted. Raises
-    CleanupError (the engine fails the delete with its line)."""
-
-    async def hook(args: pulumi.ResourceHookArgs) -> None:
-        declared = (args.old_inputs or {}).get("zone")
-        removal = await asyncio.to_thread(
-            lambda: group_cleanup.remove_groups(
-                client(), project, zones, name, skip_zone=declared
-            )  # fmt: skip
-        )
-        for line in removal.lines():
-            say(f"{args.name}: {line}")
-
-    return hook
+    `zones` but the one it was declared in (Pulumi deletes that one itself), with `client()`
+    (ADC on Google's endpoint)."""
+    return removal_hook(
+        lambda declared: group_cleanup.remove_groups(
+            client(), project, zones, name, skip_zone=declared
+        ),
+        say,
+    )

@@ -149,15 +149,25 @@ def before_delete(
     say: Callable[[str], None] = pulumi.log.info,
 ) -> Callable[[pulumi.ResourceHookArgs], Awaitable[None]]:
     """The node's before_delete hook: `cleanup.remove_owned` in `zones` and the zone the node
-    was declared in (the hook's old inputs), with `client()` (ADC on Google's endpoint); says
-    what it deleted. Raises CleanupError (the engine fails the delete with its line)."""
+    was declared in, with `client()` (ADC on Google's endpoint)."""
+    return removal_hook(
+        lambda declared: cleanup.remove_owned(
+            client(), project, [*zones, declared] if declared else list(zones), stack
+        ),
+        say,
+    )
+
+
+def removal_hook(
+    remove: Callable[[str | None], Any], say: Callable[[str], None]
+) -> Callable[[pulumi.ResourceHookArgs], Awaitable[None]]:
+    """A before_delete hook that runs `remove(the zone the resource was declared in, from the
+    hook's old inputs)` off the event loop and says each line of what it removed. `remove`
+    raises CleanupError: the engine fails the delete with its line."""
 
     async def hook(args: pulumi.ResourceHookArgs) -> None:
         declared = (args.old_inputs or {}).get("zone")
-        where = [*zones, declared] if isinstance(declared, str) else list(zones)
-        removal = await asyncio.to_thread(
-            lambda: cleanup.remove_owned(client(), project, where, stack)
-        )
+        removal = await asyncio.to_thread(remove, declared if isinstance(declared, str) else None)
         for line in removal.lines():
             say(f"{args.name}: {line}")
 

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 from localpod.gcp import compute_errors
 from localpod.gcp.authz import Denied, Target
 from localpod.gcp.compute_errors import ComputeError, invalid, not_found
-from localpod.gcp.compute_service import ComputeService
+from localpod.gcp.compute_service import ComputeService, vm_id
 from localpod.gcp.loopback import JsonApiHandler, LoopbackServer
 
 SERVICE = "compute.googleapis.com"
@@ -115,7 +115,7 @@ def instance_json(svc: ComputeService, scope: str, index: int, name: str, vm: di
     items = [{"key": k, "value": v} for k, v in meta.items()]
     return {
         "kind": "compute#instance",
-        "id": str(abs(hash((name, vm.get("host_key")))) % 10**19),
+        "id": vm_id(name, vm),
         "name": name,
         "description": props.get("description", ""),
         "zone": svc.link(scope),

@@ -86,35 +86,29 @@ def create_mig(endpoints: dict, spec: dict, timeout: float | None) -> None:
 
 def delete_mig(endpoints: dict, spec: dict, timeout: float | None) -> bool:
     """instanceGroupManagers.delete of the spec's group in every zone it may be in (recovery
-    moves it); False when there is none."""
+    moves it); False when there is none. With a `timeout`, as `pulumi destroy`'s hook removes
+    groups (infra.group_cleanup), waiting until none is left."""
     from google.api_core import exceptions
+
+    from infra import group_cleanup
+    from infra.cleanup import CleanupError
 
     _, _, groups = _clients(endpoints)
-    name, found = spec["manager"]["name"], False
-    for zone in dict.fromkeys([spec["zone"], *(spec.get("capacity") or {}).get("zones", [])]):
+    project, name = spec["project"], spec["manager"]["name"]
+    zones = [spec["zone"], *(spec.get("capacity") or {}).get("zones", [])]
+    if timeout is not None:
         try:
-            operation = groups.delete(project=spec["project"], zone=zone,
-                                      instance_group_manager=name)  # fmt: skip
+            removal = group_cleanup.remove_groups(groups, project, zones, name, timeout_s=timeout)
+        except CleanupError as err:
+            raise PodError(f"cannot delete group {name}: {err}") from None
+        return bool(removal.deleted)
+    found = False
+    for zone in dict.fromkeys(zones):
+        try:
+            groups.delete(project=project, zone=zone, instance_group_manager=name)
             found = True
-            if timeout is not None:
-                operation.result(timeout=timeout)
-                _wait_gone(groups, spec["project"], zone, name, timeout)
         except exceptions.NotFound:
             continue
-        except (exceptions.GoogleAPICallError, TimeoutError) as err:
-            why = getattr(err, "message", None) or f"not done after {timeout} s"
-            raise PodError(f"cannot delete group {name} in {zone}: {why}") from None
+        except exceptions.GoogleAPICallError as err:
+            raise PodError(f"cannot delete group {name} in {zone}: {err.message}") from None
     return found
-
-
-def _wait_gone(groups, project: str, zone: str, name: str, timeout: float) -> None:
-    from google.api_core import exceptions
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            groups.get(project=project, zone=zone, instance_group_manager=name)
-        except exceptions.NotFound:
-            return
-        time.sleep(POLL_S)
-    raise PodError(f"group {name} still there after {timeout:.0f} s")

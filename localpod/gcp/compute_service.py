@@ -16,6 +16,7 @@ Semantics kept as Google's (what the path relies on):
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import string
 import threading
@@ -272,9 +273,10 @@ class ComputeService(KeptResources):
 
     def _managed(self, mig: dict) -> list[dict]:
         scope = mig["path"].rsplit("/", 2)[0]
-        state = SliceState(self.slice.describe()["state"])
+        view = self.slice.describe()
+        state, found = SliceState(view["state"]), view["instances"]
         out = []
-        for name in mig["names"]:
+        for i, name in enumerate(mig["names"]):
             entry = {"instance": self.link(f"{scope}/instances/{name}"), "name": name}
             if mig["refused"] is not None:
                 entry["currentAction"] = "CREATING"
@@ -282,7 +284,8 @@ class ComputeService(KeptResources):
                     entry["lastAttempt"] = {"errors": {"errors": [dict(mig["refused"])]}}
             elif state in INSTANCE_STATUS:
                 status, action = INSTANCE_STATUS[state]
-                entry.update(currentAction=action, instanceStatus=status, id=resource_id())
+                vm = found[i] if i < len(found) else {}
+                entry.update(currentAction=action, instanceStatus=status, id=vm_id(name, vm))
             else:
                 entry["currentAction"] = "CREATING"
             out.append(entry)
@@ -313,6 +316,12 @@ class ComputeService(KeptResources):
     def template_of_manager(self) -> dict:
         with self._lock:
             return dict(self.templates.get(self.manager["template"], {})) if self.manager else {}
+
+
+def vm_id(name: str, vm: dict) -> str:
+    """A VM's id, as instances.get and listManagedInstances both give it: the same while the VM
+    is, a new one when the slice under the name is made again (a new host key)."""
+    return str(int(hashlib.sha256(f"{name}\n{vm.get('host_key')}".encode()).hexdigest()[:15], 16))
 
 
 def _spot(template: dict) -> bool:

@@ -46,6 +46,7 @@ class ComputeProvider(ZoneCursor):
         self.zone = target.zone
         self._clients = clients
         self._outcomes: dict[str, OperationStatus] = {}  # refused creates, by operation
+        self._known: dict[tuple, tuple[str, str]] = {}  # (zone, VM, id) -> (address, host key)
 
     @property
     def clients(self) -> dict:
@@ -105,31 +106,44 @@ class ComputeProvider(ZoneCursor):
                 self.zone = here
 
     def workers(self, managed: list) -> list[Worker]:
-        """Each VM's internal address and host key; worker i is the i-th address in order."""
-        rows = []
+        """Each VM's internal address and host key; worker i is the i-th address in order. A VM
+        whose key was read is not asked again (kept by zone, name and Compute Engine's id for
+        it, so a new VM of the same name is read afresh): the watch describes every few
+        seconds."""
+        rows, seen = [], {}
         for entry in managed:
             name = entry.instance.rsplit("/", 1)[-1]
-            try:
-                vm = self._call("instances.get", self.clients["instances"].get,
-                                project=self.target.project, zone=self.zone, instance=name)  # fmt: skip
-            except gexc.NotFound:  # deleted since the group listed it: the slice is changing
-                continue
-            ip = vm.network_interfaces[0].network_i_p if vm.network_interfaces else ""
-            rows.append((ipaddress.ip_address(ip) if ip else None, name, ip))
-        rows.sort(key=lambda r: (r[0] is None, r[0] or ipaddress.ip_address("0.0.0.0")))
-        return [self._worker(i, name, ip) for i, (_, name, ip) in enumerate(rows)]
+            key = (self.zone, name, entry.id) if entry.id else None
+            row = self._known.get(key) if key else None
+            if row is None:
+                try:
+                    vm = self._call("instances.get", self.clients["instances"].get,
+                                    project=self.target.project, zone=self.zone, instance=name)  # fmt: skip
+                except gexc.NotFound:  # deleted since the group listed it: the slice is changing
+                    continue
+                ip = vm.network_interfaces[0].network_i_p if vm.network_interfaces else ""
+                row = (ip, self._host_key(name))
+            if key and row[1] is not None:
+                seen[key] = row
+            rows.append((name, *row))
+        self._known = seen
+        rows.sort(key=lambda r: (not r[1], ipaddress.ip_address(r[1] or "0.0.0.0")))
+        return [self._worker(i, name, ip, key) for i, (name, ip, key) in enumerate(rows)]
 
-    def _worker(self, index: int, instance: str, ip: str) -> Worker:
-        t, ssh = self.target, self.target.ssh
-        host_key = None
+    def _host_key(self, instance: str) -> str | None:
+        """The VM's ed25519 host key from its guest attributes; None while it has not written
+        it (or guest attributes are off: then SSH to it is refused, as the key is pinned)."""
+        t = self.target
         try:
             attrs = self._call("getGuestAttributes", self.clients["instances"].get_guest_attributes,
                                request={"project": t.project, "zone": self.zone,
                                         "instance": instance, "query_path": "hostkeys/"})  # fmt: skip
-            host_key = next((i.value for i in attrs.query_value.items if i.key == "ssh-ed25519"),
-                            None)  # fmt: skip
-        except (gexc.NotFound, Refused):  # guest attributes off or not written yet: no key
-            pass
+        except (gexc.NotFound, Refused):
+            return None
+        return next((i.value for i in attrs.query_value.items if i.key == "ssh-ed25519"), None)
+
+    def _worker(self, index: int, instance: str, ip: str, host_key: str | None) -> Worker:
+        t, ssh = self.target, self.target.ssh
         common = dict(user=ssh.user, key_filename=ssh.key_file, instance=instance,
                       host_key=host_key, internal_ip=ip)  # fmt: skip
         if ssh.via == "internal":

@@ -11,6 +11,7 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from google.oauth2.credentials import Credentials
 
 from localpod.gcp import identities
 from localpod.pod import LocalPod
-from ops.cloud.compute import ComputeProvider
+from ops.cloud.compute import ComputeProvider, make_clients
 from ops.cloud.slice import SliceState
 from ops.cloud.target import local_target
 
@@ -151,9 +152,17 @@ def test_a_preemption_leaves_the_vms_terminated_and_recovery_recreates_them(
     pod, endpoints, gcloud
 ) -> None:
     before = {vm["instance"] for vm in listed(gcloud, endpoints)}
+    # The watch describes every few seconds: a VM's address and host key are read once.
+    target = local_target(pod.paths.root)
+    clients = make_clients(target)
+    clients["instances"] = counted = Counting(clients["instances"])
+    slice_provider = ComputeProvider(target, clients)
+    old_keys = [w.host_key for w in slice_provider.describe().workers]
+    assert all(old_keys) and counted.calls == {"get": 2, "get_guest_attributes": 2}
+    assert [w.host_key for w in slice_provider.describe().workers] == old_keys
+    assert counted.calls == {"get": 2, "get_guest_attributes": 2}  # nothing asked again
     pod.preempt(notice=0)
     assert [vm["instanceStatus"] for vm in listed(gcloud, endpoints)] == ["TERMINATED"] * 2
-    slice_provider = provider(pod)
     info = slice_provider.describe()
     assert info.state is SliceState.PREEMPTED and info.spot, info.detail
     status = slice_provider.recreate(timeout=120, poll=0.2)
@@ -164,6 +173,25 @@ def test_a_preemption_leaves_the_vms_terminated_and_recovery_recreates_them(
     workers = slice_provider.describe().workers
     assert [w.internal_ip for w in workers] == [w.host for w in pod.describe().workers]
     assert all(w.host_key and w.instance for w in workers)
+    # the new VMs' keys were read (the kept ones were of VMs that are gone): SSH pins these
+    assert not set(old_keys) & {w.host_key for w in workers}
+    assert counted.calls == {"get": 4, "get_guest_attributes": 4}
+
+
+class Counting:
+    """A Google client with a count of the calls made through it (each made for real)."""
+
+    def __init__(self, client) -> None:
+        self.client, self.calls = client, Counter()
+
+    def __getattr__(self, name: str):
+        method = getattr(self.client, name)
+
+        def call(*args, **kwargs):
+            self.calls[name] += 1
+            return method(*args, **kwargs)
+
+        return call
 
 
 def test_a_stockout_is_the_creates_outcome_and_the_next_zone_gets_the_slice(pod, endpoints):
