@@ -287,10 +287,11 @@ def run(reference: str | None = None) -> int:
                 attempt = max(1, int(f.read().strip() or 1))
         except (OSError, ValueError):
             pass
-    else:  # its own run: its own directory, status file and log
+    else:  # its own run: its own directories (bucket and local tier), status file and log
         parent = contract["TPUPOD_RUN_DIR"].rsplit("/", 1)[0]
         contract.update(TPUPOD_RUN_ID=reference, TPUPOD_RUN_DIR=f"{parent}/{reference}",
                         TPUPOD_CHECKPOINT_DIR=layout.checkpoint_dir(f"{parent}/{reference}"),
+                        TPUPOD_LOCAL_CHECKPOINT_DIR=layout.local_checkpoint_dir(ROOT, reference),
                         TPUPOD_STATUS_FILE=path("reference-status.json"))  # fmt: skip
     name = "reference" if reference else "job"
     worker = contract.get("TPUPOD_PROCESS_ID", "0")

@@ -21,7 +21,7 @@ def checkpoint_dir(run_dir: str) -> str:
 
 def local_checkpoint_dir(tpupod_root: str, run_id: str) -> str:
     """`TPUPOD_LOCAL_CHECKPOINT_DIR`: the local tier of run `run_id` on one worker's own disk
-    (trainer/local_tier.py); a recreated VM has an empty one."""
+    (tpupod_job.local_tier); a recreated VM has an empty one."""
     return f"{str(tpupod_root).rstrip('/')}/{LOCAL_CHECKPOINTS}/{run_id}"
 
 

@@ -39,7 +39,7 @@ def _kill_and_damage(pod, notice: float, worker: int) -> dict:
 
 def _crash_and_damage(pod, notice: float, worker: int) -> dict:
     """A crash of `worker`'s job with its local copies lost (else the restart reads those and
-    never the bucket: trainer/local_tier.py), then the newest verified checkpoint damaged as
+    never the bucket: tpupod_job.local_tier), then the newest verified checkpoint damaged as
     above. This runs inside one poll of the watch (on_poll), so the restart cannot read the step
     before it is cut; no new step can commit meanwhile (process 0 commits, and the restart stops
     every worker)."""

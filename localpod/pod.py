@@ -474,7 +474,7 @@ class LocalPod(TpuAnswers):
         return self._request("POST", f"/crash?worker={worker}")["pid"]
 
     def lose_local_checkpoints(self, worker: int) -> None:
-        """`worker`'s local tier gone (trainer/local_tier.py: its copies of recent steps on its
+        """`worker`'s local tier gone (tpupod_job.local_tier: its copies of recent steps on its
         own disk); the bucket's checkpoints stay."""
         shutil.rmtree(self.paths.tpupod_root(worker) / LOCAL_CHECKPOINTS, ignore_errors=True)
 

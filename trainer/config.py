@@ -63,7 +63,7 @@ class Config:
     # either way (each array's metadata names its compressor).
     checkpoint_compression: bool = False
     keep_latest: int = 3
-    # The local tier (trainer/local_tier.py): each process's own copy every N steps on its VM's
+    # The local tier (tpupod_job.local_tier): each process's own copy every N steps on its VM's
     # disk ($TPUPOD_LOCAL_CHECKPOINT_DIR), what a restart on the same VMs restores; 0 disables.
     local_checkpoint_every: int = 2
     keep_every: int = 0  # additionally keep every M-th step; 0 disables

@@ -78,3 +78,12 @@ class IteratorSave(ocp.args.CheckpointArgs):
 @dataclasses.dataclass
 class IteratorRestore(ocp.args.CheckpointArgs):
     item: Any
+
+
+def set_state(data_iter, data: bytes):
+    """The iterator, set to a state `frozen(data_iter).get_state()` gave (a local copy's)."""
+    if isinstance(data_iter, grain.DatasetIterator):
+        data_iter.set_state(json.loads(data))
+    else:
+        data_iter.set_state(data)
+    return data_iter

@@ -12,6 +12,7 @@ import jax
 import tpupod_job
 
 from contract.status import JobState
+from trainer.data_checkpoint import frozen
 from trainer.model import flops_per_token
 from trainer.peak import peak_flops
 from trainer.sharding import compute_dtype
@@ -91,7 +92,9 @@ class Saver:
         run, cfg, checkpoints = self.run, self.run.cfg, self.run.checkpoints
         self.preempted = tpupod_job.should_stop(step)  # the step every process agrees on
         if not self.preempted and run.local is not None and run.local.due(step):
-            run.local.save(step, run.state, run.data_iter)  # the shards' copy to host, no more
+            run.local.save(
+                step, run.state, frozen(run.data_iter).get_state()
+            )  # the shards' copy to host, no more
         if not (self.preempted or (step < cfg.steps and checkpoints.should_save(step))):
             return False
         run.hb.update(state=JobState.SAVING, step=step)

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+from tpupod_job.local_tier import LocalTier
 
 from contract.status import JobState
 from trainer import data
 from trainer.checkpoint import Checkpoints
 from trainer.compile_cache import compile_program
 from trainer.config import Config, shape_signature
-from trainer.local_tier import LocalTier
+from trainer.data_checkpoint import set_state
 from trainer.metrics import MetricsLog
 from trainer.model import count_params
 from trainer.restore import restore_newest_readable
@@ -146,16 +147,16 @@ def restore_or_init(run: Run, compile_cache: str | None, t_restore: float) -> No
 
 def restore_local(run: Run, t_restore: float) -> bool:
     """2a. The newest step every process holds on its own disk, if not older than the bucket's
-    newest committed one: read from there, no bucket read at all (trainer.local_tier)."""
+    newest committed one: read from there, no bucket read at all (tpupod_job.local_tier)."""
     if run.local is None:
         return False
     persistent = run.checkpoints.manager.latest_step()
     step = run.local.agreed_step(persistent)
-    restored = None if step is None else run.local.restore(step, run.setup.abstract_state,
-                                                            run.data_iter)  # fmt: skip
+    restored = None if step is None else run.local.restore(step, run.setup.abstract_state)
     if restored is None:
         return False
-    run.state, run.data_iter = restored
+    run.state, data = restored
+    run.data_iter = set_state(run.data_iter, data)
     run.checkpoints.committed = persistent
     run.restored_from, run.restored_tier = step, "local"
     run.step = int(jax.device_get(run.state["step"]))

@@ -106,10 +106,8 @@ class ComputeProvider(ZoneCursor):
                 self.zone = here
 
     def workers(self, managed: list) -> list[Worker]:
-        """Each VM's internal address and host key; worker i is the i-th address in order. A VM
-        whose key was read is not asked again (kept by zone, name and Compute Engine's id for
-        it, so a new VM of the same name is read afresh): the watch describes every few
-        seconds."""
+        """Each VM's internal address and host key (read once per VM: by zone, name and id, so
+        a new VM of a name is read afresh); worker i is the i-th address in order."""
         rows, seen = [], {}
         for entry in managed:
             name = entry.instance.rsplit("/", 1)[-1]
@@ -132,7 +130,7 @@ class ComputeProvider(ZoneCursor):
 
     def _host_key(self, instance: str) -> str | None:
         """The VM's ed25519 host key from its guest attributes; None while it has not written
-        it (or guest attributes are off: then SSH to it is refused, as the key is pinned)."""
+        it (or they are off: SSH to it is then refused, the key being pinned)."""
         t = self.target
         try:
             attrs = self._call("getGuestAttributes", self.clients["instances"].get_guest_attributes,

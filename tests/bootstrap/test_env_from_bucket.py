@@ -43,6 +43,10 @@ def manifest(single, key: str) -> dict:
     return json.loads(storage.download(single.storage_url, single.bucket, name))
 
 
+# `slow` (a minute: the environment built again from the index; CI stays under 20 minutes): the
+# refusal itself, by sha256 and for an archive that does not unpack, is in CI in
+# test_envcache_restore.py.
+@pytest.mark.slow
 def test_a_damaged_archive_is_refused_in_one_line_and_built_again(single, stage, tmp_path):
     root = stage(tmp_path / "bundle")
     (root / "trainer" / "__main__.py").write_text(STANDIN)

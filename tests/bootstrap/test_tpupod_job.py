@@ -50,3 +50,57 @@ def test_init_keywords_decide_over_the_environment(tmp_path):
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout  # fmt: skip
     assert out.split() == ["False", "False", "True", "None"]
+
+
+LOCAL_TIER_JOB = """
+import os, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import tpupod_job
+
+directory = sys.argv[1]
+assert tpupod_job.open_local_tier(5) is None  # outside tpupod: no tier
+os.environ["TPUPOD_LOCAL_CHECKPOINT_DIR"] = directory
+assert tpupod_job.open_local_tier(0) is None  # turned off
+mesh = Mesh(np.array(jax.devices()), ("x",))
+split, whole = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+state = {"w": jax.device_put(jnp.arange(8, dtype=jnp.float32) / 3, split),
+         "b": jax.device_put(jnp.full((3,), 0.1, jnp.bfloat16), whole),
+         "step": jax.device_put(jnp.int32(10), whole)}
+tier = tpupod_job.open_local_tier(5, shapes="v1")
+assert tier.due(10) and not tier.due(11)
+assert tier.save(10, state, extra=b'{"position": 10}')
+tier.wait()
+abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                        state)
+assert tier.agreed_step(None) == 10 and tier.agreed_step(10) == 10
+assert tier.agreed_step(15) is None  # the bucket holds a newer step: it wins
+got, extra = tier.restore(10, abstract)
+assert extra == b'{"position": 10}'
+for k in state:
+    assert np.asarray(got[k]).tobytes() == np.asarray(state[k]).tobytes(), k
+    assert got[k].sharding == state[k].sharding, k
+assert tpupod_job.open_local_tier(5, shapes="v2").agreed_step(None) is None  # another state's copy
+os.environ["TPUPOD_CHECKPOINT_DIR"] = "gs://b/runs/another"
+assert tpupod_job.open_local_tier(5, shapes="v1").agreed_step(None) is None  # another run's copy
+del os.environ["TPUPOD_CHECKPOINT_DIR"]
+with open(os.path.join(directory, "10", "arrays.bin"), "r+b") as f:
+    first = f.read(1)
+    f.seek(0)
+    f.write(bytes([first[0] ^ 1]))
+assert tier.agreed_step(None) is None  # a damaged copy is never offered
+print("ok")
+"""
+
+
+def test_a_jobs_local_tier_round_trips_a_sharded_state_bitwise_and_refuses_what_is_not_its(
+    tmp_path,
+):
+    """`tpupod_job.open_local_tier` for any JAX job: a sharded state (two devices) and the job's own
+    bytes back bitwise; not offered where the bucket is newer, for another state or run, or
+    damaged."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUPOD_")}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    run = subprocess.run([sys.executable, "-c", LOCAL_TIER_JOB, str(tmp_path / "local")],
+                         env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]

@@ -5,7 +5,8 @@ checkpoint equals, array by array and bitwise, the same job's run without faults
 
 - flax-plain (no helper) meets a preemption with notice and exits 0 once its save is committed
   (as MaxText and Orbax's guide do): a preemption, not done.
-- flax-helper (tpupod_job) meets a preemption without notice: a kill, back to its last save.
+- flax-helper (tpupod_job) meets a preemption without notice: a kill, back to its last save; its
+  crash resumes from its local tier (tpupod_job.open_local_tier).
 - flax-plain again on the Compute Engine path: the slice a managed instance group, recreated by
   the same watcher through the pod's Compute Engine API.
 - wrong-resume resumes at its latest step instead of the one after it: the comparison must say
@@ -63,13 +64,13 @@ def against_reference(pod: LocalPod) -> Comparison:
     return comparison
 
 
-# The helper-library job with a kill without notice is `slow` (CI stays under 20 minutes): the
-# job contract test recovers a user job from a preemption without notice in CI.
-# The Compute Engine path (a managed instance group: issue 51) heals the same job the same way;
-# CI runs it there, and the TPU API path's run is `slow` (CI stays under 20 minutes: the TPU API
-# path recovers user jobs in CI in test_job_contract.py and the built-in one in test_demo.py).
+# All `slow` (3 minutes each; CI stays under 20 minutes): in CI the job contract test recovers a
+# user job from a preemption without notice on the TPU API path, and tests/localpod/
+# test_compute_api.py drives the Compute Engine path's provider (describe, recreate, a stockout's
+# zone move, destroy's hook) against the local Compute Engine API with gcloud and Google's client.
+# The Compute Engine path (a managed instance group: issue 51) heals the same job the same way.
 @pytest.mark.parametrize(("name", "notice", "api"), [
-    ("flax-plain", NOTICE_S, "compute"),
+    pytest.param("flax-plain", NOTICE_S, "compute", marks=pytest.mark.slow),
     pytest.param("flax-plain", NOTICE_S, "tpu", marks=pytest.mark.slow),
     pytest.param("flax-helper", 0.0, "tpu", marks=pytest.mark.slow)])  # fmt: skip
 def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, api, tmp_path):
@@ -98,6 +99,10 @@ def test_a_job_resumes_bitwise_after_a_crash_and_a_preemption(name, notice, api,
         assert attempts == [2, 3], messages
         if notice:  # saved inside the notice: nothing lost
             assert resumed["preemption"]["steps_lost"] == 0, messages
+        if name == "flax-helper":  # its local tier (tpupod_job.open_local_tier): a crash reads
+            # the worker's own disk, a recreate (empty disks) the bucket
+            assert resumed["crash"]["tier"] == "local", messages
+            assert resumed["preemption"]["tier"] == "persistent", messages
         comparison = against_reference(pod)
         assert comparison.equal and comparison.step_a == steps and comparison.leaves >= 10
         assert_installed_from_the_bucket_alone(pod)

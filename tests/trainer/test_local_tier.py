@@ -1,4 +1,4 @@
-"""The local tier (trainer/local_tier.py) through real trainer processes: a restart on the same
+"""The local tier (tpupod_job.local_tier) through real trainer processes: a restart on the same
 VM restores each process's own copy, not the bucket's; an empty local disk (a recreated VM) and
 a damaged copy fall back to the persistent tier; every run ends bitwise equal to one never
 interrupted. The persistent tier saves every 8 steps, the local one every 2; every run shares
@@ -133,8 +133,7 @@ def test_a_disk_that_refuses_costs_the_local_copy_only(tmp_path, capsys):
     """No directory can be made: no tier, one warning. A write that fails: one warning, nothing
     half written left, and the next save is tried again."""
     import numpy as np
-
-    from trainer.local_tier import LocalTier
+    from tpupod_job.local_tier import LocalTier
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")

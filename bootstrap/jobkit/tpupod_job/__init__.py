@@ -35,6 +35,7 @@ _term = threading.Event()
 _initialized = False
 _distributed = False  # what `init` decided: `should_stop` then asks JAX's sync point
 _restored_from: int | None = None  # the step the manager found at start (0: none), if one made
+_restored_tier = "persistent"  # where it was read: the bucket, or "local" (open_local_tier)
 
 
 def process_id() -> int:
@@ -62,9 +63,19 @@ def checkpoint_dir() -> str:
 def local_checkpoint_dir() -> str | None:
     """`$TPUPOD_LOCAL_CHECKPOINT_DIR`: this worker's own disk, for copies of recent steps that a
     restart on the same VMs can read without the bucket (the built-in trainer's local tier,
-    trainer/local_tier.py); empty after a recreate. None outside tpupod. Each process writes
+    tpupod_job.local_tier); empty after a recreate. None outside tpupod. Each process writes
     only its own shards there: a restore from it must find the same step on every process."""
     return os.environ.get("TPUPOD_LOCAL_CHECKPOINT_DIR") or None
+
+
+def open_local_tier(every: int, **identity):
+    """This process's local tier (tpupod_job.local_tier.LocalTier: a copy of the state every
+    `every` steps on this worker's own disk, for restarts on the same VMs; the module says how
+    to restore from it), or None outside tpupod or with `every` 0. `identity`: what else a copy
+    must match to be used (the state's shapes, say). Imports JAX."""
+    from tpupod_job.local_tier import open_here
+
+    return open_here(every, **identity)
 
 
 def init(timeout_s: int = 1800, *, distributed: bool | None = None, jax_cache: bool = True) -> bool:
@@ -139,6 +150,8 @@ def progress(step: int, **metrics: float) -> None:
            "process_id": process_id(), "attempt": attempt()}  # fmt: skip
     if _restored_from is not None:
         doc["restored_from"] = _restored_from
+        if _restored_from:
+            doc["restored_tier"] = _restored_tier
     doc.update({k: float(v) for k, v in metrics.items()})
     write_status(doc)
 

@@ -1,10 +1,20 @@
 """The local tier: each process's own copy of recent steps on its VM's disk, for restarts on the
-same VMs (a crash, a hang, `tpupod restart`, a rollout), which then read no bucket at all.
+same VMs (a crash, a hang, `tpupod restart`, a rollout), which then read no bucket at all. The
+built-in trainer uses it (trainer/steps.py), and any JAX job may (`tpupod_job.open_local_tier`):
 
-Every `local_checkpoint_every` steps each process copies the shards it holds of the train state
-off its devices (the only part the loop waits for) and a thread writes them, with its data
-iterator's state, to `$TPUPOD_LOCAL_CHECKPOINT_DIR/<step>/` (a temporary directory renamed once
-complete, with a manifest of sizes and CRC32s). A save still being written when the next comes
+    tier = tpupod_job.open_local_tier(every=10)     # None outside tpupod
+    step = tier.agreed_step(manager.latest_step()) if tier else None   # on every process
+    if step is not None and (found := tier.restore(step, abstract_state)) is not None:
+        state, extra = found                        # else: the bucket's manager, as before
+    ...
+    if tier and tier.due(step):
+        tier.save(step, state, extra=data_iterator_state_bytes)
+
+Every `every` steps each process copies the shards it holds of the state (any pytree of
+jax.Arrays) off its devices (the only part the loop waits for) and a thread writes them, with
+the caller's `extra` bytes (the built-in trainer: its data iterator's state), to
+`$TPUPOD_LOCAL_CHECKPOINT_DIR/<step>/` (a temporary directory renamed once complete, with a
+manifest of sizes and CRC32s). A save still being written when the next comes
 due is skipped, never waited for. At a start every process lists the steps it holds that verify;
 the newest step that every process holds, if it is not older than the bucket's newest committed
 step, is restored from the local copies, and only if every process read its own (else all take
@@ -30,8 +40,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-
-from trainer.data_checkpoint import frozen
 
 ARRAYS, DATA, MANIFEST = "arrays.bin", "data.bin", "manifest.json"
 KEEP = 2  # steps kept on disk: the newest, and the one before while the newest is written
@@ -78,9 +86,9 @@ class LocalTier:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def save(self, step: int, state, data_iter) -> bool:
-        """Copies this process's shards to host memory now; a thread writes them. False when
-        the previous save is still being written (this one is skipped)."""
+    def save(self, step: int, state, extra: bytes = b"") -> bool:
+        """Copies this process's shards to host memory now; a thread writes them with `extra`.
+        False when the previous save is still being written (this one is skipped)."""
         if self._writer is not None and self._writer.is_alive():
             self.skipped += 1
             return False
@@ -91,8 +99,7 @@ class LocalTier:
                 key = _key(path, shard.index, leaf.shape)
                 if key not in shards:  # a replicated leaf: one copy per index is enough
                     shards[key] = np.asarray(shard.data)
-        data = frozen(data_iter).get_state()
-        self._writer = threading.Thread(target=self._write, args=(step, shards, data),
+        self._writer = threading.Thread(target=self._write, args=(step, shards, bytes(extra)),
                                         name="local-checkpoint", daemon=True)  # fmt: skip
         self._writer.start()
         return True
@@ -166,9 +173,10 @@ class LocalTier:
         best = max(common, default=None)
         return best if best is not None and best >= (persistent or 0) else None
 
-    def restore(self, step: int, abstract_state, data_iter):
-        """(state, iterator) from this process's copy of `step`, or None where it cannot be
-        read; every process learns whether all of them could (None for all otherwise)."""
+    def restore(self, step: int, abstract_state) -> tuple | None:
+        """(state, extra) from this process's copy of `step` (`abstract_state`: the state's
+        shapes, dtypes and shardings), or None where it cannot be read; every process learns
+        whether all of them could (None for all otherwise). Every process must call it."""
         try:
             state = self._read(step, abstract_state)
             data = (self.root / str(step) / DATA).read_bytes()
@@ -179,7 +187,10 @@ class LocalTier:
             ok = False
         if not bool(np.all(_gather(np.array([int(ok)], np.int64)))):
             return None
-        return state, _set_state(data_iter, data)
+        import tpupod_job  # its progress() tells the watcher where the resume started
+
+        tpupod_job._restored_from, tpupod_job._restored_tier = step, "local"
+        return state, data
 
     def _read(self, step: int, abstract_state):
         doc = self.verified(step)
@@ -211,11 +222,13 @@ def _gather(values: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(values))
 
 
-def _set_state(data_iter, data: bytes):
-    import grain
-
-    if isinstance(data_iter, grain.DatasetIterator):
-        data_iter.set_state(json.loads(data))
-    else:
-        data_iter.set_state(data)
-    return data_iter
+def open_here(every: int, **identity) -> LocalTier | None:
+    """The tier at `$TPUPOD_LOCAL_CHECKPOINT_DIR` (None outside tpupod, or with `every` 0), its
+    copies this process's and this run's only: `identity` (e.g. the state's shapes) is checked
+    with the process's index and count and the run's bucket directory before a copy is used."""
+    directory = os.environ.get("TPUPOD_LOCAL_CHECKPOINT_DIR")
+    if not directory or every <= 0:
+        return None
+    who = {"process_index": jax.process_index(), "processes": jax.process_count(),
+           "checkpoint_dir": os.environ.get("TPUPOD_CHECKPOINT_DIR", "")}  # fmt: skip
+    return LocalTier.open(directory, every, {**who, **identity})
