@@ -5,11 +5,15 @@ one line, and closing that reaps each IAP ProxyCommand."""
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import subprocess
+import time
+from select import select
 
 from fabric import Connection
 from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
+from paramiko.proxy import ProxyCommand, ProxyCommandFailure
 
 from ops.cloud.slice import Worker
 
@@ -25,6 +29,34 @@ class BoundedConnection(Connection):
         if self.transport is not None:
             self.transport.channel_timeout = self.connect_timeout
         return result
+
+    def open_gateway(self):
+        sock = super().open_gateway()
+        if type(sock) is ProxyCommand:  # the gateway is a command line (IAP): see EndingProxy
+            sock.__class__ = EndingProxyCommand
+        return sock
+
+
+class EndingProxyCommand(ProxyCommand):
+    """paramiko's ProxyCommand reads its program's end of output as "nothing yet": once the
+    proxy ends (the VM went away, its IAP tunnel closed) the transport's thread spins on it, and
+    every session on that transport waits forever for an answer (a watch's probe that raced a
+    preemption held the watch, found by the recovery bench). Here it is the socket's end, as for
+    a real socket: recv gives b"", paramiko's packetizer raises EOFError, the transport ends and
+    its channels wake with an error."""
+
+    def recv(self, size: int) -> bytes:
+        start = time.monotonic()
+        while True:
+            left = None if self.timeout is None else self.timeout - (time.monotonic() - start)
+            if left is not None and left <= 0:
+                raise TimeoutError()  # socket.timeout, as paramiko expects
+            ready, _, _ = select([self.process.stdout], [], [], left)
+            if ready:
+                try:
+                    return os.read(self.process.stdout.fileno(), size)  # b"": the proxy ended
+                except OSError as err:
+                    raise ProxyCommandFailure(" ".join(self.cmd), err.strerror) from None
 
 
 def pinned(cxn: Connection, worker: Worker) -> Connection:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import socket
+import sys
 import threading
 import time
 
@@ -181,3 +182,49 @@ def test_a_worker_that_accepts_but_never_answers_costs_a_probe_seconds(pod):
         assert took < 8, took  # two attempts of 2 s, and the backoff between them
     finally:
         relay.close()
+
+
+RELAY = """
+import os, socket, sys, threading
+peer = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+def up():
+    while data := os.read(0, 65536):
+        peer.sendall(data)
+threading.Thread(target=up, daemon=True).start()
+while data := peer.recv(65536):
+    os.write(1, data)
+"""
+
+
+def test_a_tunnel_that_ends_ends_its_connection_and_the_next_command_reconnects(
+    pod, tmp_path, monkeypatch
+):
+    """Through a ProxyCommand (as through IAP): when the proxy program ends (the VM went away),
+    the connection is closed at once, so nothing waits on it, and the next command opens a
+    new tunnel. Negative control: paramiko's own ProxyCommand reads the end as "nothing yet",
+    its transport stays up (spinning) and a session waiting on it waits forever."""
+    from paramiko.proxy import ProxyCommand
+
+    from ops.fleet import ssh_connections
+
+    relay = tmp_path / "relay.py"
+    relay.write_text(RELAY)
+    proxy = f"{sys.executable} {relay} 127.0.0.1 {pod[0].port}"
+    worker = dataclasses.replace(workers_of(pod)[0], proxy_command=proxy)
+
+    def tunnel_ends(group: WorkerGroup) -> bool:
+        assert group.run("echo hi")[0].stdout == "hi\n"
+        transport = group.connections[0].client.get_transport()
+        transport.sock.process.kill()  # not reaped here: closing the group does that
+        deadline = time.monotonic() + 3
+        while transport.is_active() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not transport.is_active()
+
+    with WorkerGroup([worker], retries=0, connect_timeout=2) as group:
+        assert tunnel_ends(group)
+        (again,) = group.run("echo again").values()
+        assert again.ok and again.stdout == "again\n", again
+    monkeypatch.setattr(ssh_connections, "EndingProxyCommand", ProxyCommand)  # paramiko's
+    with WorkerGroup([worker], retries=0, connect_timeout=2) as group:
+        assert not tunnel_ends(group)  # the bug: up 3 s after its tunnel ended
