@@ -485,6 +485,24 @@ phase_bytecode() {
     echo "warning: no bytecode restored (exit $?): the job's first imports compile from source"
 }
 
+# bytecode_beside: phase_bytecode in the background, right after sync (it needs only the synced
+# venv), its output and exit status to files: a cold worker's restore (a second or two of
+# unpacking) runs beside job-python, clear-stale and job-env; the bytecode phase waits for it.
+bytecode_beside() {
+  rm -f "$BOOTSTRAP_STATE/bytecode-beside.out" "$BOOTSTRAP_STATE/bytecode-beside.rc"
+  {
+    local rc=0
+    TPUPOD_PHASE_DEADLINE=30 phase_bytecode >"$BOOTSTRAP_STATE/bytecode-beside.out" 2>&1 || rc=$?
+    echo "$rc" >"$BOOTSTRAP_STATE/bytecode-beside.rc"
+  } 9>&- &
+}
+
+phase_bytecode_wait() {
+  while [ ! -s "$BOOTSTRAP_STATE/bytecode-beside.rc" ]; do sleep 0.05; done
+  cat "$BOOTSTRAP_STATE/bytecode-beside.out"
+  return "$(cat "$BOOTSTRAP_STATE/bytecode-beside.rc")"
+}
+
 phase_start_job() {
   # Exit 3: the job ran and exited at once. The slice is fine and the launch is done; the
   # watcher judges job.exit as the job's failure (a restart, not a re-created slice).
@@ -496,7 +514,8 @@ phase_start_job() {
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv envcache \
   publish_env env_from_bucket phase_metadata phase_uv phase_bundle phase_sync job_field \
-  phase_job_python phase_clear_stale phase_job_env phase_bytecode phase_start_job
+  phase_job_python phase_clear_stale phase_job_env phase_bytecode phase_bytecode_wait \
+  phase_start_job
 
 # ---------------------------------------------------------------------------------------------
 # The phase runner
@@ -563,6 +582,7 @@ main() {
   phase bundle 600 phase_bundle
   phase uv 300 phase_uv
   phase sync 1800 phase_sync
+  bytecode_beside
   phase job-python 1800 phase_job_python
   # The bundle is complete and synced: make it the active one.
   ln -sfn "bundles/$MD_BUNDLE_SHA256" "$TPUPOD_ROOT/current.tmp"
@@ -572,7 +592,7 @@ main() {
   stop_deadline=$((${TPUPOD_STOP_TIMEOUT:-$(job_field grace_s)} + 60))
   phase clear-stale "$stop_deadline" phase_clear_stale
   phase job-env "$stop_deadline" phase_job_env
-  phase bytecode 30 phase_bytecode
+  phase bytecode 30 phase_bytecode_wait
   phase start-job 60 phase_start_job 9>&-
   record finish start-job "bootstrap complete"
   log finish "bootstrap complete"
