@@ -67,7 +67,7 @@ split, whole = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
 state = {"w": jax.device_put(jnp.arange(8, dtype=jnp.float32) / 3, split),
          "b": jax.device_put(jnp.full((3,), 0.1, jnp.bfloat16), whole),
          "step": jax.device_put(jnp.int32(10), whole)}
-tier = tpupod_job.open_local_tier(5, shapes="v1")
+tier = tpupod_job.open_local_tier(5, shapes=("v1", (8,)))  # JSON turns the tuples to lists
 assert tier.due(10) and not tier.due(11)
 assert tier.save(10, state, extra=b'{"position": 10}')
 tier.wait()
@@ -82,7 +82,7 @@ for k in state:
     assert got[k].sharding == state[k].sharding, k
 assert tpupod_job.open_local_tier(5, shapes="v2").agreed_step(None) is None  # another state's copy
 os.environ["TPUPOD_CHECKPOINT_DIR"] = "gs://b/runs/another"
-assert tpupod_job.open_local_tier(5, shapes="v1").agreed_step(None) is None  # another run's copy
+assert tpupod_job.open_local_tier(5, shapes=("v1", (8,))).agreed_step(None) is None  # another run
 del os.environ["TPUPOD_CHECKPOINT_DIR"]
 with open(os.path.join(directory, "10", "arrays.bin"), "r+b") as f:
     first = f.read(1)

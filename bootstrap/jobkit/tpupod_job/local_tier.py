@@ -63,7 +63,9 @@ class LocalTier:
     def __init__(self, directory: str, every: int, identity: dict):
         self.root = Path(directory)
         self.every = every
-        self.identity = identity  # what a copy must match: process count and id, shapes
+        # what a copy must match (process count and id, shapes), as its manifest will hold it
+        # (JSON: a tuple given here is a list there)
+        self.identity = json.loads(json.dumps(identity))
         self.root.mkdir(parents=True, exist_ok=True)
         for left in self.root.glob("*.tmp"):  # a save cut off by a kill
             shutil.rmtree(left, ignore_errors=True)
