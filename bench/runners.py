@@ -69,7 +69,8 @@ def checkpoint_figs(a, console) -> list[Figure]:
 
 def overhead_figs(a, console) -> list[Figure]:
     """tiny's checkpoint overhead on the pod at the goal's interval (every 100 steps), in rounds
-    of its own: the checkpoint bench's row (small's overhead) takes 1.5-2 h and stays as it is. `--record bench/out/overhead.json` re-judges a saved run."""
+    of its own: the checkpoint bench's row (small's overhead) takes 1.5-2 h and stays as it is.
+    `--record bench/out/overhead.json` re-judges a saved run."""
     from bench import checkpoint_bench
 
     if a.record:

@@ -31,7 +31,7 @@ from contract.layout import checkpoint_dir
 from demo.observer import HANG_S, OBSERVE_S, Fault, FaultPlan, TrainerProbe, WatcherView
 from demo.reference import compare_runs, emulator_env, pod_provider, run_reference
 from infra import builtin_job
-from localpod.gcp.iam_policy import COMPUTE_STACK, DEFAULT_STACK
+from localpod.gcp import iam_policy
 from localpod.gcp.iam_report import IamReport, summarize
 from localpod.pod import LocalPod
 from localpod.state import PodError
@@ -173,8 +173,8 @@ def run_demo(args: argparse.Namespace) -> int:
     job = demo_job(args)
     steps = job.spec.steps
     pod_dir = args.pod_dir or ROOT / ".tpupod" / "demo"
-    iam_stack = COMPUTE_STACK if args.api == "compute" else DEFAULT_STACK  # the watcher's role
-    pod = LocalPod(pod_dir, workers=2, job=job, api=args.api, iam_stack=iam_stack)
+    pod = LocalPod(pod_dir, workers=2, job=job, api=args.api,
+                   iam_stack=iam_policy.stack_for(args.api))  # fmt: skip
     journal_file = pod.paths.root / "journal.jsonl"
     started = time.time()
     previous = signal.signal(signal.SIGTERM, _interrupt)

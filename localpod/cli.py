@@ -22,7 +22,7 @@ from infra import builtin_job
 from infra.cleanup import CleanupError
 from infra.config_checks import CREATE_VIAS
 from localpod import cli_tpu
-from localpod.gcp import tpu_client
+from localpod.gcp import iam_policy, tpu_client
 from localpod.gcp.iam_policy import COMPUTE_STACK, DEFAULT_STACK
 from localpod.pod import LocalPod
 from localpod.state import PodError, SliceState
@@ -110,7 +110,7 @@ def _up(args: argparse.Namespace) -> int:
         queue_first=True,
         quota_chips=args.quota_chips,
         zone_quota_chips=args.zone_quota_chips,
-        iam_stack=args.stack or (COMPUTE_STACK if args.api == "compute" else DEFAULT_STACK),
+        iam_stack=args.stack or iam_policy.stack_for(args.api),
         api=args.api,
     )
     console = Console()

@@ -22,8 +22,8 @@ from localpod.gcp.compute_service import ComputeService, vm_id
 from localpod.gcp.loopback import JsonApiHandler, LoopbackServer
 
 SERVICE = "compute.googleapis.com"
-GUEST_ATTRIBUTES = "enable-guest-attributes"
-ACT_AS = "iam.serviceAccounts.actAs"  # instance metadata that turns guest attributes on
+GUEST_ATTRIBUTES = "enable-guest-attributes"  # instance metadata that turns guest attributes on
+ACT_AS = "iam.serviceAccounts.actAs"  # to make a resource run as a service account
 _P = r"/compute/v1/projects/(?P<project>[^/]+)"
 _Z = _P + r"/zones/(?P<zone>[^/]+)"
 _R = _P + r"/regions/(?P<region>[^/]+)"
@@ -230,7 +230,7 @@ class _Handler(JsonApiHandler):
         where, cases = {}, ()
         if accounts and route.action == "insert_template":
             cases = ("service_account",)
-            where["iam.serviceAccounts.actAs"] = (
+            where[ACT_AS] = (
                 f"projects/{args['project']}/serviceAccounts/{accounts[0]}",
                 "iam.googleapis.com/ServiceAccount")  # fmt: skip
         targets: list[Target] = gate.targets(route.method, name, route.kind, cases, where)

@@ -25,6 +25,14 @@ from localpod.state import PROJECT_ROOT, PodError
 
 DEFAULT_STACK = "v4-32"  # the stack whose IAM the pod enforces unless `--stack` names another
 COMPUTE_STACK = "tpu7x-16"  # the same with `--api compute` (a stack through Compute Engine)
+
+
+def stack_for(api: str) -> str:
+    """The stack whose IAM a pod of this slice API enforces by default (its watcher's role is
+    that API's)."""
+    return COMPUTE_STACK if api == "compute" else DEFAULT_STACK
+
+
 OPERATOR = "user:operator@example.com"  # the person at the terminal: the project's owner
 OWNER = "roles/owner"
 CACHE_ENV = "TPUPOD_CACHE_DIR"
