@@ -18,10 +18,10 @@ from ops.watch.transitions import Phase
 PROFILES: dict[str, dict[str, float]] = {
     "gcp": dict(hang=300.0, start=1800.0, stall=900.0, bootstrap=1800.0, ready=1800.0,
                 grace=60.0, capacity=60.0, quota=300.0, patience=1800.0, failed_repair=300.0,
-                unknown_state=600.0, spot_maintenance=600.0, step_floor=60.0),
+                unknown_state=600.0, spot_maintenance=600.0, step_clock=10.0, step_floor=60.0),
     "local": dict(hang=30.0, start=300.0, stall=60.0, bootstrap=600.0, ready=180.0, grace=30.0,
                   capacity=2.0, quota=2.0, patience=3.0, failed_repair=10.0, unknown_state=20.0,
-                  spot_maintenance=60.0, step_floor=10.0),
+                  spot_maintenance=60.0, step_clock=3.0, step_floor=2.0),
 }  # fmt: skip
 GCP = PROFILES["gcp"]
 
@@ -46,8 +46,11 @@ class Limits:
     # counts as lost and is recreated (GCE ends spot VMs for host maintenance).
     spot_maintenance: float = GCP["spot_maintenance"]
     # The step clock (ops.watch.step_clock): a training job with no new step for `step_clock`
-    # times its recent median gap between steps is hung, never sooner than `step_floor`.
-    step_clock: float = 10.0
+    # times its recent median gap between steps is hung, never sooner than `step_floor`. GCP:
+    # a real model's steps vary (data, host work), a false hang costs a restart of the slice.
+    # The local pod: `tiny` reports a step every ~0.3 s, seen at every poll (~0.5-0.7 s), so
+    # a hang is told ~2 s after the job's normal gap (issue 50).
+    step_clock: float = GCP["step_clock"]
     step_floor: float = GCP["step_floor"]
 
     def progress_limit(self, state: str) -> float:
@@ -83,8 +86,10 @@ class WatchConfig:
     queue_deadline: float = float("inf")  # one zone: its own validUntilDuration ends the wait
     ssh_retries: int = 3
     # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
-    # ignore SIGTERM (a job's grace_s is for a preemption's save, which these cannot make).
-    failure_stop_timeout: float = 3.0
+    # ignore SIGTERM (a job's grace_s is for a preemption's save, which these cannot make). A
+    # crash's survivors see their peer gone and exit within it; a hung process never does, so
+    # every second here is a second of every hang's recovery (was 3 s: issue 50).
+    failure_stop_timeout: float = 1.0
 
     def phase_deadline(self, phase: Phase) -> float:
         """How long a waiting phase may last before its DEADLINE event (backoffs: no deadline)."""
@@ -143,6 +148,7 @@ def config_for(
         failed_repair=d["failed_repair"],
         unknown_state=d["unknown_state"],
         spot_maintenance=d["spot_maintenance"],
+        step_clock=d["step_clock"],
         step_floor=d["step_floor"],
     )
     max_failures, backoff_s = given.get("max_failures"), given.get("backoff")

@@ -8,7 +8,7 @@ from contract.status import JobStatus
 from ops.fleet.job_status import JobRules
 from ops.fleet.probe import Probe
 from ops.watch.conditions import WorkerCondition, judge_worker
-from ops.watch.deadlines import Limits
+from ops.watch.deadlines import Limits, config_for
 from ops.watch.incident import WatchState
 from ops.watch.journal import Journal
 from ops.watch.progress import Progress
@@ -51,11 +51,12 @@ def status_probe(step: int, state: str, now: float) -> Probe:
                  status=JobStatus(step=step, state=state, updated=now, heartbeat=now))  # fmt: skip
 
 
-def judged_after(silence: float, state: str = "training", gaps=(0.5,) * 6) -> WorkerCondition:
+def judged_after(silence: float, state: str = "training", gaps=(0.5,) * 6,
+                 limits: Limits = LIMITS, floor: float = 3.0) -> WorkerCondition:  # fmt: skip
     """The job steps `gaps` apart through Progress (as the watcher tracks it), then reports
     nothing new for `silence` seconds while saying `state`."""
     progress = Progress(WatchState(since=SINCE), Journal(None), JobRules(),
-                        clock=StepClock(LIMITS.step_clock, 3.0))  # fmt: skip
+                        clock=StepClock(limits.step_clock, floor))  # fmt: skip
     now, step = SINCE, 0
     for gap in gaps:
         now, step = now + gap, step + 1
@@ -65,7 +66,7 @@ def judged_after(silence: float, state: str = "training", gaps=(0.5,) * 6) -> Wo
     later = status_probe(step, state, now)
     later.now = now + silence
     progress.track([later], now=now + silence)
-    return judge_worker(later, SINCE, LIMITS, JobRules(), False).condition
+    return judge_worker(later, SINCE, limits, JobRules(), False).condition
 
 
 def test_a_job_that_stops_stepping_is_hung_by_the_clock_long_before_the_stall_limit():
@@ -99,3 +100,21 @@ def test_a_step_going_backwards_starts_the_clock_afresh():
     now = stepping(clock, [0.5] * 5)
     clock.observe(2, now + 1, SINCE)  # `tpupod restart`: the job resumed from an older step
     assert clock.limit() is None
+
+
+def test_the_local_pod_tells_a_hang_about_two_seconds_after_the_jobs_normal_gap():
+    """The profiles (ops.watch.deadlines): on the local pod `tiny`'s steps are seen at every poll
+    (~0.6 s apart) and a hang is told ~2 s later; GCP's clock waits its 60 s floor. Negative
+    controls: the local pod's shorter silence, and a job whose steps are 1.5 s apart."""
+    local = config_for("local").limits
+    gcp = config_for("gcp").limits
+    tiny = (0.6,) * 8
+
+    def judged(silence: float, limits: Limits, gaps=tiny) -> WorkerCondition:
+        return judged_after(silence, gaps=gaps, limits=limits, floor=limits.step_floor)
+
+    assert judged(2.5, local) is WorkerCondition.HUNG  # 3 x 0.6 s = 1.8 s: the 2 s floor
+    assert judged(1.5, local) is WorkerCondition.RUNNING
+    assert judged(2.5, gcp) is WorkerCondition.RUNNING and judged(61, gcp) is WorkerCondition.HUNG
+    assert judged(2.5, local, gaps=(1.5,) * 8) is WorkerCondition.RUNNING  # 3 x 1.5 s = 4.5 s
+    assert judged(5.0, local, gaps=(1.5,) * 8) is WorkerCondition.HUNG
