@@ -1,5 +1,6 @@
 """`uv run python -m bench [NAME [flags]]`: NAME is all (the default) or one of trainer, gpu,
-checkpoint, storage, overhead, verify, infra, recovery, capacity, coldboot, job, goodput, cost, faults; `NAME --help` lists its flags.
+checkpoint, storage, overhead, verify, infra, recovery, capacity, coldboot, job, goodput,
+goodput-survive, goodput-pinned, cost, faults; `NAME --help` lists its flags.
 `uv run python -m bench report` renders BENCHMARKS.md again from BENCHMARKS.json, running nothing.
 
 Runs the chosen benchmarks, merges their figures into BENCHMARKS.md (each run replaces every row
@@ -26,9 +27,9 @@ from bench.report import Figure
 from bench.runners import OUT, REPO, RUNNERS, save
 
 ORDER = list(report.BENCH_ORDER)  # the order rows appear in BENCHMARKS.md
-# Run when named, never by `all`: faults is hours long; recovery-compute repeats recovery's
-# schedule on the other path (issue 51), its rows beside recovery's.
-NAMED_ONLY = {"faults", "recovery-compute"}
+# Run when named, never by `all`: faults and the goodput mixes are hours long; recovery-compute
+# repeats recovery's schedule on the other path (issue 51), its rows beside recovery's.
+NAMED_ONLY = {"faults", "recovery-compute", "goodput-survive", "goodput-pinned"}
 
 
 def load() -> str:
@@ -51,6 +52,10 @@ DESCRIPTION = {
     "kill loses under the time bound",
     "coldboot": "cold workers' bootstrap: the environment from the package index vs the bucket",
     "goodput": "a long pod run with faults every --period seconds: goodput and badput",
+    "goodput-survive": "goodput by Google's definition, >= 3 runs of >= 20 min, a crash or a hang "
+    "every --period seconds",
+    "goodput-pinned": "goodput by Google's definition, >= 3 runs, the pinned mix (2 notice, 2 "
+    "kill, 1 crash, 1 hang) every --period seconds",
     "cost": "dollars per useful training hour, spot against on-demand",
     "faults": "the fault campaign: a seeded mix of every fault kind, 0 committed checkpoints lost",
 }

@@ -16,6 +16,7 @@ FLAGS: dict[str, dict] = {
     "--notice": dict(type=float, default=30.0, help="preemption notice, seconds [30]"),
     "--rounds": dict(type=int, default=3, help="events of each fault kind (>= 3) [3]"),
     "--min-steps": dict(type=int, default=30, help="steps between faults [30]"),
+    "--runs": dict(type=int, default=3, help="faulted runs, each from its own pod (>= 3) [3]"),
     "--period": dict(type=float, default=300.0, help="seconds between faults [300]"),
     "--steps": dict(type=int, default=6000, help="steps of the job [6000]"),
     "--faults": dict(default="notice,kill,crash,hang", help="fault kinds, in turn [%(default)s]"),
@@ -59,6 +60,8 @@ BY_BENCHMARK: dict[str, tuple[str, ...]] = {
     "capacity": ("--record", "--rounds", "--min-steps"),
     "coldboot": ("--record", "--rounds"),
     "goodput": ("--record", "--period", "--steps", "--faults", "--preset", "--set", "--notice"),
+    "goodput-survive": ("--runs", "--period", "--steps", "--preset", "--set", "--notice"),
+    "goodput-pinned": ("--runs", "--period", "--steps", "--preset", "--set", "--notice"),
     "cost": (),
     "faults": ("--count", "--seed", "--per-leg", "--preset", "--set", "--notice",
                "--storage-errors", "--legs"),
@@ -86,3 +89,5 @@ def check(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         parser.error(
             f"--rounds {a.rounds}: the recovery goal is a median of at least 3 events a kind"
         )
+    if getattr(a, "runs", 3) < 1:
+        parser.error(f"--runs {a.runs}: at least one run (the goodput goals need 3 to be judged)")

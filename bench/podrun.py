@@ -24,6 +24,7 @@ from bench.sampler import Sampler
 from ops.fleet.job_status import JobRules
 from ops.json_file import write_atomic
 from ops.watch import Limits, WatchConfig, Watcher
+from ops.watch.deadlines import PROFILES
 from ops.watch.incident import IncidentStore
 from ops.watch.journal import Journal
 
@@ -31,9 +32,12 @@ POLL_S = 0.5  # the watch's poll here, and the references' observation load
 
 
 def watch_config(notice: float, hang: float = 30.0, rules: JobRules | None = None) -> WatchConfig:
-    """Short deadlines for one machine; poll 0.5 s like the demo. The job's rules (exit codes,
+    """Short deadlines for one machine; poll 0.5 s like the demo, and its step clock (the local
+    profile's: a hang told ~2 s after the job's normal step gap). The job's rules (exit codes,
     steps, progress) as the watch reads them from its spec."""
-    limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=notice + 15)
+    clock = {k: PROFILES["local"][k] for k in ("step_clock", "step_floor")}
+    limits = Limits(hang=hang, start=300.0, bootstrap=600.0, ssh=60.0, preempt_grace=notice + 15,
+                    **clock)  # fmt: skip
     return WatchConfig(
         limits=limits,
         rules=rules or JobRules(),

@@ -42,7 +42,8 @@ class Figure:
 # Section order: by benchmark (`python -m bench NAME`), then as written.
 BENCH_ORDER = ("trainer", "gpu", "checkpoint", "storage", "overhead", "verify", "infra", "recovery",
                "recovery-compute",
-               "capacity", "coldboot", "job", "goodput", "faults", "cost")  # fmt: skip
+               "capacity", "coldboot", "job", "goodput", "goodput-survive", "goodput-pinned",
+               "faults", "cost")  # fmt: skip
 
 
 def _rank(bench: str) -> int:

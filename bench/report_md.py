@@ -29,6 +29,8 @@ METHOD = {
     "recovery": ("bench/recovery_bench.py",),
     "job": ("bench/job_bench.py",),
     "goodput": ("bench/goodput_bench.py", "bench/badput.py"),
+    "goodput-survive": ("bench/goodput_mixes.py",),
+    "goodput-pinned": ("bench/goodput_mixes.py",),
     "faults": ("bench/campaign.py",),
     "cost": ("bench/cost_bench.py",),
 }  # fmt: skip

@@ -55,9 +55,7 @@ _ASSUMED_MFU = ("ASSUMED: MFU", "the MFU of the named size on its TPU is assumed
 _TINY_GOODPUT = ("own-rate figure, local pod",
                  "its goodput is `tiny`'s own-rate figure on the local pod (1 run), not the "
                  "named size's measured goodput")  # fmt: skip
-_AFTER_DETECTION = ("after detection", "the recorded row counts from the hang's detection (the "
-                    "heartbeat limit), not from the fault")  # fmt: skip
-_REC = r"recovery, {}: fault -> first step \(recovery run\)$"
+_SHORT = ("shorter or sparser than the goal's", "the run is shorter or sparser than the goal's")
 # Issue 51 (registered 2026-11-29, before any run on that path): the same goals judge the rows
 # of the Compute Engine path ("(recovery run, two tiers, Compute Engine)"), side by side.
 _REC2 = r"recovery, {}: fault -> first step \(recovery run, two tiers(, Compute Engine)?\)$"
@@ -72,10 +70,6 @@ RULES: tuple[Rule, ...] = (
     Rule("overhead-tiny", "overhead", "`tiny`, async saves every 100 steps on the pod: loop "
          "time with / without <= 1.05 (ratio of medians, interleaved rounds)",
          r"checkpoint overhead, async \(tiny, \d+ steps, every 100\)", "<=", 1.05, "x",
-         source="issue 18"),
-    Rule("overhead-tiny-goodput", "goodput", "`tiny` every 100 steps, the goodput run's "
-         "uninterrupted references with / without saves <= 1.05",
-         r"checkpoint overhead, tiny every 100 steps \(pod, goodput run\)", "<=", 1.05, "x",
          source="issue 18"),
     # The next four rules' rows moved on 2026-11-29 from the checkpoint section to a benchmark of
     # their own (`bench storage`, run n >= 3 apart from small's 1.5-2 h overhead rounds): only
@@ -98,12 +92,6 @@ RULES: tuple[Rule, ...] = (
     Rule("infra-eval", "infra", "the Pulumi program evaluates every stack (mocks, pulumi_gcp "
          "imported) in < 5 s", r"Pulumi program evaluation, all \d+ stacks", "<", 5.0, "s",
          source="issue 3"),
-    # One rule for the four kinds (rows and goal as they were: each kind's median <= 15 s).
-    Rule("recovery", "recovery", "notice, kill, crash, hang: fault -> first step <= 15 s each "
-         "(local pod)",
-         _REC.format(r"(preemption with notice|no-notice kill|crash|hang( \(after detection\))?)"),
-         "<=", 15.0, "s", source="issues 18, 36 (a hang from the fault)",
-         unsupported=(_AFTER_DETECTION,)),
     Rule("steps-lost-notice", "recovery", "a preemption with notice loses 0 steps, every event",
          r"steps lost, preemption with notice \(recovery run(, two tiers(, Compute Engine)?)?\)$",
          "bench", stat="every", source="issues 18, 51"),
@@ -152,8 +140,20 @@ RULES: tuple[Rule, ...] = (
          n_from=r"goodput: reference with the same checkpoint policy",
          beside=(("ours, reference-based", r"goodput: reference with the same checkpoint"),
                  ("ours, own step rate", r"goodput at the faulted run's own step rate")),
-         unsupported=(("shorter or sparser than the goal's", "the run is shorter or sparser "
-                       "than the goal's"),)),
+         unsupported=(_SHORT,)),
+    # Registered 2026-11-29, before any run of these benchmarks (issue 50; the headline holds 30
+    # rules): they took the slots of `recovery` (its rows, "(recovery run)" without the local
+    # tier, were replaced by the two-tier rows the rules above judge: it judged nothing) and of
+    # `overhead-tiny-goodput` (the same goal as `overhead-tiny`, which `bench overhead` judges
+    # in interleaved rounds; the goodput run's own row keeps its note saying so).
+    Rule("goodput-survive", "goodput-survive", "goodput, Google's definition (productive / "
+         "wall) >= 98 % with faults the VMs survive (a crash or a hang every 5 min, in turn) "
+         "over >= 20 min", r"goodput, faults the VMs survive \(", ">=", 98.0, "%",
+         source="issue 50", unsupported=(_SHORT,)),
+    Rule("goodput-pinned", "goodput-pinned", "goodput, Google's definition (productive / wall) "
+         ">= 97 % with the pinned mix (2 notice, 2 kill, 1 crash, 1 hang) at a fault per 5 min "
+         "over >= 20 min", r"goodput, pinned mix \(", ">=", 97.0, "%", source="issue 50",
+         unsupported=(_SHORT,)),
     Rule("fingerprint-goodput", "goodput", "the faulted run's final params equal the "
          "uninterrupted run's, bitwise", r"final params fingerprint equals the uninterrupted",
          "==", "yes", stat="every", source="issue 18"),

@@ -227,6 +227,20 @@ def goodput_figs(a, console) -> list[Figure]:
     return goodput_bench.figures(r)
 
 
+def goodput_mix_figs(name: str):
+    """`bench goodput-survive` / `goodput-pinned`: rounds of one fault mix (bench.goodput_mixes)."""
+
+    def figs(a, console) -> list[Figure]:
+        from bench import goodput_mixes
+
+        r = goodput_mixes.run(name, OUT, a.runs, a.period, a.steps, a.preset, a.notice,
+                              tuple(a.sets or GOODPUT_SETS), console)  # fmt: skip
+        save(name, r)
+        return goodput_mixes.figures(r)
+
+    return figs
+
+
 def cost_figs(a, console) -> list[Figure]:
     from bench import cost_bench
 
@@ -273,6 +287,8 @@ RUNNERS = {
     "coldboot": coldboot_figs,
     "job": job_figs,
     "goodput": goodput_figs,
+    "goodput-survive": goodput_mix_figs("goodput-survive"),
+    "goodput-pinned": goodput_mix_figs("goodput-pinned"),
     "cost": cost_figs,
     "faults": faults_figs,
 }
