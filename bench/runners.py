@@ -234,7 +234,7 @@ def goodput_mix_figs(name: str):
         from bench import goodput_mixes
 
         r = goodput_mixes.run(name, OUT, a.runs, a.period, a.steps, a.preset, a.notice,
-                              tuple(a.sets), console)  # fmt: skip
+                              tuple(a.sets), console, a.reference)  # fmt: skip
         save(name, r)
         return goodput_mixes.figures(r)
 
