@@ -92,7 +92,9 @@ def headline_row(rule: rules.Rule, rows: list[dict]) -> str:
     verdicts = [rules.judge(rule, r, rows) for r in matched]
     labels = _labels([r["name"] for r in matched])
     unit = rule.unit if rule.extract else None
-    values = [fmt(v.value, unit if unit is not None else r.get("unit", ""))
+    # A text value the rule read a number from ("92.6 %") is shown as recorded, its unit kept.
+    values = [fmt(r["value"] if isinstance(r["value"], str) and not rule.extract else v.value,
+                  unit if unit is not None else r.get("unit", ""))
               for v, r in zip(verdicts, matched, strict=True)]  # fmt: skip
     texts = [v.text for v in verdicts]
     if texts[0].startswith("not measured under this rule"):

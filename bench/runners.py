@@ -233,6 +233,10 @@ def goodput_mix_figs(name: str):
     def figs(a, console) -> list[Figure]:
         from bench import goodput_mixes
 
+        if a.record:  # re-analyse saved runs (bench/out/NAME.json)
+            r = json.loads(a.record.read_text())
+            return measured_at(goodput_mixes.figures(r), a.record.stat().st_mtime, "run ended")
+
         r = goodput_mixes.run(name, OUT, a.runs, a.period, a.steps, a.preset, a.notice,
                               tuple(a.sets), console, a.reference)  # fmt: skip
         save(name, r)
