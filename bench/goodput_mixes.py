@@ -1,8 +1,8 @@
 """Goodput by Google's definition (productive time / wall, ml-goodput-measurement's categories:
 bench/badput.py), per fault mix, judged on the median of >= 3 runs (issue 50). Each round is one
 faulted pod run of the built-in trainer (`tiny`, saves to the bucket every 100 steps and to each
-worker's local tier every 50: MIX_SETS) with a fault every --period seconds, the mix's kinds in turn, from its first
-step to watch `done`; a round shorter than 20 minutes or sparser than a fault per 5 minutes is
+worker's local tier every 50: MIX_SETS) with a fault every --period seconds, the mix's kinds in
+turn, from its first step to watch `done`; a round shorter than 20 minutes or sparser than a fault per 5 minutes is
 recorded and marked so. Google's figure needs no reference, so the rounds run none; the last
 round's pod then runs the uninterrupted job once, and every round's final params are compared to
 it bitwise (the same job and steps: one reference serves them all; `--no-reference` skips it,
@@ -51,7 +51,7 @@ def run(bench: str, out_dir: Path, rounds: int, period: float, steps: int, prese
         [f"--config {preset} --steps {steps}", *(f"--set {s}" for s in MIX_SETS + sets)]
     )
     schedule = {"kinds": list(MIXES[bench]), "period": period, "cycle": True}
-    results, reference = [], None
+    results, ref_print = [], None
     for i in range(rounds):
         last = reference and i == rounds - 1
         if console is not None:
@@ -61,9 +61,9 @@ def run(bench: str, out_dir: Path, rounds: int, period: float, steps: int, prese
         record.save(out_dir / f"{bench}-round-{i + 1}.json")
         results.append(analyse(record))
         if last:
-            reference = (record.reference or {}).get("params_fingerprint")
+            ref_print = (record.reference or {}).get("params_fingerprint")
     return {"bench": bench, "kinds": list(MIXES[bench]), "period_s": period,
-            "trainer_args": args, "rounds": results, "reference_fingerprint": reference}  # fmt: skip
+            "trainer_args": args, "rounds": results, "reference_fingerprint": ref_print}  # fmt: skip
 
 
 def _mix(kinds: list[str]) -> str:

@@ -54,3 +54,32 @@ def test_negative_controls_a_miss_few_runs_a_short_run_and_a_differing_run():
     name = "final params fingerprint equals the uninterrupted run, every run"
     assert judged("goodput-survive", differ)[name][1].text == "no"
     assert judged("goodput-survive", [round_(1480)] * 3, reference=None)[name][1].met is None
+
+
+def test_only_the_last_run_is_followed_by_the_reference_unless_told_not(monkeypatch, tmp_path):
+    """The rounds' wiring (the pod runs themselves are the benchmark's): the uninterrupted run
+    follows the last faulted run only, and `--no-reference` (reference=False) leaves it out."""
+    from bench import goodput_mixes
+
+    asked: list[bool] = []
+
+    class Record:
+        def __init__(self, reference: bool):
+            self.reference = {"params_fingerprint": "ref"} if reference else None
+
+        def save(self, path):
+            return path
+
+    def fake_run_on_pod(pod_dir, args, schedule, **kw):
+        asked.append(kw["reference"])
+        assert schedule["kinds"] == ["crash", "hang"] and "local_checkpoint_every=50" in args
+        return Record(kw["reference"])
+
+    monkeypatch.setattr(goodput_mixes, "run_on_pod", fake_run_on_pod)
+    monkeypatch.setattr(goodput_mixes, "analyse", lambda record: {})
+    result = goodput_mixes.run("goodput-survive", tmp_path, 3, 300.0, 100, "tiny", 30.0, ())
+    assert asked == [False, False, True] and result["reference_fingerprint"] == "ref"
+    asked.clear()
+    result = goodput_mixes.run("goodput-survive", tmp_path, 3, 300.0, 100, "tiny", 30.0, (),
+                               reference=False)  # fmt: skip
+    assert asked == [False, False, False] and result["reference_fingerprint"] is None
