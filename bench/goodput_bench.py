@@ -39,6 +39,11 @@ from bench.report import Figure
 MARK = {"notice": "preempt", "kill": "kill", "crash": "crash", "hang": "hang"}
 
 
+def mix_text(kinds: list[str]) -> str:
+    """The faults a run had, by kind in first-seen order: "2 notice, 1 crash"."""
+    return ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+
+
 def mean_step_time(segs: list[list[dict]]) -> float | None:
     """Stepping time over steps run (lost ones included), saves included, notice saves not."""
     dt = dsteps = 0.0
@@ -169,7 +174,7 @@ def figures(result: dict) -> list[Figure]:
         why = result.get("why") or result.get("outcome")
         return [Figure("goodput", f"not measured: {why}"), *recovery]
     wall, kinds = result["wall_s"], result["kinds"]
-    mix = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+    mix = mix_text(kinds)
     where = f"P={period:g} s, {wall / 60:.1f} min, {len(kinds)} faults: {mix}"
     conditions = period <= 300 and wall >= 1200 and len(set(kinds)) > 1
     g, own = result["goodput"], result.get("goodput_own_rate")

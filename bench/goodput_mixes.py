@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.badput import CATEGORIES
-from bench.goodput_bench import analyse
+from bench.goodput_bench import analyse, mix_text
 from bench.podrun import run_on_pod
 from bench.recovery_bench import HANG_S
 from bench.recovery_bench import figures as recovery_figures
@@ -66,10 +66,6 @@ def run(bench: str, out_dir: Path, rounds: int, period: float, steps: int, prese
             "trainer_args": args, "rounds": results, "reference_fingerprint": ref_print}  # fmt: skip
 
 
-def _mix(kinds: list[str]) -> str:
-    return ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
-
-
 def figures(result: dict) -> list[Figure]:
     """Google's goodput (the median round), the median badput breakdown, the fingerprints,
     then recovery rows over every round's faults."""
@@ -91,7 +87,7 @@ def figures(result: dict) -> list[Figure]:
     # Google's productive time counts slow steps as productive: each run's step time (saves,
     # both tiers, included) says what the checkpoints cost the steps themselves.
     rounds_text = "; ".join(
-        f"{r['wall_s'] / 60:.1f} min, {len(r['kinds'])} faults ({_mix(r['kinds'])}), "
+        f"{r['wall_s'] / 60:.1f} min, {len(r['kinds'])} faults ({mix_text(r['kinds'])}), "
         f"{1e3 * (r.get('mean_step_time_s') or 0):.0f} ms a step"
         for r in done
     )
