@@ -12,6 +12,7 @@ a kill or a stop can no longer fall between the two and leave a committed step u
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -26,21 +27,11 @@ from orbax.checkpoint._src.path import atomicity_defaults
 from contract.layout import checkpoint_dir
 from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
-from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave
+from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave, frozen
+from trainer.save_policy import save_policy
+from trainer.save_start import SaveStarter, host_copy, orbax_manager
 from trainer.tokenizer import identity_of
 from trainer.tree_shapes import leaf_shapes, tree_difference
-
-
-def save_policy(cfg: Config):
-    """Every N steps and/or T seconds, plus the preemption sync step (without the last, a custom
-    policy silently drops preemption saves)."""
-    policies = [cm.PreemptionCheckpointingPolicy()]
-    if cfg.checkpoint_every > 0:
-        policies.append(cm.FixedIntervalPolicy(cfg.checkpoint_every))
-    if cfg.checkpoint_every_seconds > 0:
-        seconds = max(1, int(cfg.checkpoint_every_seconds))
-        policies.append(cm.ContinuousCheckpointingPolicy(minimum_interval_secs=seconds))
-    return cm.AnySavePolicy(policies)
 
 
 def preservation_policy(cfg: Config):
@@ -80,7 +71,13 @@ class Checkpoints:
             # Orbax's hook between the finished items and the commit exists only for async
             # saves: a synchronous one (checkpoint_async=false) is an async save waited for.
             enable_async_checkpointing=True,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._write_manifest),
+            # The step's directories are made before its writes start, in the thread that
+            # starts it (the loop's only for a preemption or final save): no signals between
+            # Orbax's threads, keyed by its process-wide operation counter, to go astray.
+            async_options=ocp.AsyncOptions(
+                post_finalization_callback=self._write_manifest,
+                create_directories_asynchronously=False,
+            ),
             # Old steps are deleted on a thread of their own, after the new step has committed:
             # a save (a preemption save above all) never waits for hundreds of object deletes.
             enable_background_delete=True,
@@ -90,9 +87,10 @@ class Checkpoints:
         # The format only decides how new steps are written: Orbax reads each step in the format
         # it was written in (a step's own metadata says whether it is OCDBT).
         use_ocdbt = cfg.checkpoint_format == "ocdbt"
-        self.manager = ocp.CheckpointManager(
+        self.manager = orbax_manager(
             self.directory,
-            options=options,
+            options,
+            process_count,
             item_handlers={
                 "state": state_handler(use_ocdbt, cfg.checkpoint_compression),
                 "data": IteratorHandler(),  # grain's files, written off the loop
@@ -107,6 +105,8 @@ class Checkpoints:
         self._deferred_from: int | None = None  # the first step of a save deferred, not yet taken
         self.waited_behind_s = 0.0  # the longest periodic save() that found the previous writing
         self.verify_s = 0.0  # the restore's manifest checks (trainer/restore.py)
+        self._starter = SaveStarter()  # periodic saves start on its thread (trainer.save_start)
+        self._lock = threading.Lock()  # `_pending` and `committed`: the loop's and the starter's
 
     def step_dir(self, step: int) -> str:
         return storage.join(self.directory, str(step))
@@ -180,8 +180,14 @@ class Checkpoints:
         self._deferred_from = None
         return True
 
+    def _writer_busy_here(self) -> bool:
+        """This process's saver is busy: a start under way, or a save still writing."""
+        return self._starter.busy() or (
+            self._pending is not None and self.manager.is_saving_in_progress()
+        )
+
     def _writer_busy(self) -> bool:
-        busy = self._pending is not None and self.manager.is_saving_in_progress()
+        busy = self._writer_busy_here()
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
@@ -189,36 +195,49 @@ class Checkpoints:
         return busy
 
     def save(self, step: int, state, data_iter, periodic: bool = False) -> None:
-        """Starts a save (async: returns once the arrays are copied off the devices). Orbax first
-        waits for the previous save to finish, so that one counts as committed from here on (else
-        saves closer together than the polls would never show in `committed`). A `periodic` save
-        (the loop's, not a preemption or final one) that found the previous still writing stalled
-        training: the longest such save() is `waited_behind_s`."""
-        args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=IteratorSave(data_iter),
-            meta=ocp.args.JsonSave(self.meta),
-        )
-        behind = self._pending is not None and self.manager.is_saving_in_progress()
-        if jax.process_index() == 0:
-            self._manifest_due.append(step)
-        t0, started = time.perf_counter(), False
-        try:
-            started = self.manager.save(step, args=args, force=True)
-        finally:
-            if not started and step in self._manifest_due:
-                self._manifest_due.remove(step)  # nothing written, so no hook for it either
+        """Starts a save. A periodic one (the loop's, saves async) costs the loop the state's copy
+        to host memory only: a thread starts Orbax's save of that copy (trainer.save_start says
+        why). A preemption or final save, or any with checkpoint_async=false, starts here, once
+        a periodic one still starting has. Orbax first waits for the previous save to finish,
+        so that one counts as committed from then on (else saves closer together than the polls
+        would never show in `committed`). A periodic save that found the previous still writing
+        stalled training: the longest such save() is `waited_behind_s`."""
+        t0 = time.perf_counter()
+        behind = self._writer_busy_here()
+        data = frozen(data_iter)  # now: the loop moves the iterator on at the next step
+        if periodic and self.asynchronous:
+            self._starter.start(self._start, step, host_copy(state), data)
+        else:
+            self._starter.join()
+            self._start(step, state, data)
         waited = time.perf_counter() - t0
         if behind and periodic:
             self.waited_behind_s = max(self.waited_behind_s, waited)
         if behind and not self._said_behind:
             self._said_behind = True
             self.behind = {"step": step, "in_flight": self._pending, "waited_s": round(waited, 3)}
-        if self._pending is not None:
-            self._commit(self._pending)
-        self._pending = step
         if not self.asynchronous:
             self.wait()
+
+    def _start(self, step: int, state, data) -> None:
+        """Orbax's save of `step`, on the loop or on the starter's thread."""
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=IteratorSave(data),
+            meta=ocp.args.JsonSave(self.meta),
+        )
+        if jax.process_index() == 0:
+            self._manifest_due.append(step)
+        started = False
+        try:
+            started = self.manager.save(step, args=args, force=True)
+        finally:
+            if not started and step in self._manifest_due:
+                self._manifest_due.remove(step)  # nothing written, so no hook for it either
+        with self._lock:
+            if self._pending is not None:
+                self._commit(self._pending)
+            self._pending = step
 
     def _write_manifest(self) -> None:
         """Orbax's post-finalization hook, on process 0's save thread: every item of the oldest
@@ -255,17 +274,21 @@ class Checkpoints:
 
     def poll(self) -> int | None:
         """The last committed step (an async save counts once it has finished and has its
-        manifest)."""
-        if self._pending is not None and not self.manager.is_saving_in_progress():
-            step, self._pending = self._pending, None
-            self._commit(step)
+        manifest). A start that failed on the starter's thread raises here."""
+        with self._lock:
+            if self._pending is not None and not self.manager.is_saving_in_progress():
+                step, self._pending = self._pending, None
+                self._commit(step)
+        self._starter.check()
         return self.committed
 
     def wait(self) -> int | None:
+        self._starter.join()
         self.manager.wait_until_finished()
         return self.poll()
 
     def close(self) -> None:
         """Joins the deleter of old steps. Call it after reporting the commit: if the deadline
         kills us here, a pruned step is left half deleted, never the newest one."""
+        self._starter.join()
         self.manager.close()

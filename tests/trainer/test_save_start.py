@@ -1,0 +1,105 @@
+"""A periodic save costs the loop the state's copy to host memory only (trainer/save_start.py):
+Orbax's save of that copy starts on a thread while the loop goes on and donates the state it
+saved; the step still restores bitwise equal. A start that fails raises on the loop's thread,
+and only the loop's thread asks JAX about the preemption sync point."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trainer import save_start
+
+
+def _donating_step():
+    return jax.jit(lambda s: jax.tree.map(lambda x: x * 3 + 1, s), donate_argnums=0)
+
+
+def test_the_host_copy_outlives_the_donated_state():
+    state = {"w": jnp.arange(1024, dtype=jnp.float32), "step": jnp.int32(7)}
+    expected = jax.tree.map(np.array, state)  # copies: a view would keep the buffer
+    copy = save_start.host_copy(state)
+    _donating_step()(state)
+    assert state["w"].is_deleted()  # negative control: the saved arrays themselves are gone
+    with pytest.raises(RuntimeError, match="deleted"):
+        np.asarray(state["w"])
+    for key, value in expected.items():
+        assert np.array_equal(np.asarray(copy[key]), value)
+
+
+def test_a_failed_start_raises_on_the_loop_thread():
+    starter, ran = save_start.SaveStarter(), threading.Event()
+
+    def fails():
+        ran.set()
+        raise OSError("bucket unreachable")
+
+    starter.start(fails)
+    with pytest.raises(OSError, match="bucket unreachable"):
+        starter.join()
+    assert ran.is_set()
+    starter.check()  # raised once, not again
+    assert not starter.busy()
+
+
+def test_only_the_loop_thread_asks_about_the_preemption_sync_point(tmp_path, monkeypatch):
+    from orbax.checkpoint import checkpoint_manager
+
+    asked: list[tuple[str, int]] = []
+
+    def reached(step: int) -> bool:
+        asked.append((threading.current_thread().name, step))
+        return False
+
+    monkeypatch.setattr(checkpoint_manager.utils, "reached_preemption", reached)
+    import orbax.checkpoint as ocp
+
+    manager = save_start.orbax_manager(str(tmp_path), ocp.CheckpointManagerOptions(), 1)
+    manager.reached_preemption(5)
+    other = threading.Thread(target=manager.reached_preemption, args=(3,), name="finalize")
+    other.start()
+    other.join()
+    assert asked == [(threading.current_thread().name, 5)]  # the older step was never asked
+    manager.close()
+
+
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_a_save_started_off_the_loop_restores_bitwise(where, tmp_path, request):
+    """The loop saves step 10 periodically, then its next step donates the state while Orbax's
+    save of the copy may still be starting: step 10 commits, with its manifest, and restores
+    equal to the state as it was at the save."""
+    import grain
+
+    from trainer import checkpoint, manifest
+    from trainer.config import load_config
+
+    if where == "gs":
+        request.getfixturevalue("gcs_emulator")
+        workdir = "gs://tpupod-test/runs/save-start"
+    else:
+        workdir = str(tmp_path / "run")
+    ds = grain.MapDataset.range(100).batch(4)
+    data = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+    next(data)
+    checkpoints = checkpoint.Checkpoints(workdir, load_config("tiny"), 1)
+    state = {"w": jnp.arange(4096, dtype=jnp.float32) / 7, "step": jnp.int32(10)}
+    expected = jax.tree.map(np.array, state)  # copies: a view would keep the buffer
+    step = _donating_step()
+    step(jax.tree.map(jnp.copy, state))  # compiled now, so that it donates right after the save
+    checkpoints.save(10, state, data, periodic=True)
+    state = step(state)  # the loop goes on at once
+    next(data)
+    assert checkpoints.wait() == 10
+    assert manifest.check(checkpoints.step_dir(10), run_has_manifests=True) is None
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            state)  # fmt: skip
+    fresh = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+    restored, restored_data = checkpoints.restore(10, abstract, fresh)
+    for key, value in expected.items():
+        assert np.array_equal(np.asarray(restored[key]), value)
+    assert np.array_equal(next(restored_data), np.arange(4, 8))  # the iterator as at the save
+    checkpoints.close()

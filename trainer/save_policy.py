@@ -1,0 +1,58 @@
+"""When the loop saves: every N steps and/or T seconds, and at the preemption sync step.
+
+The time-based decision (`checkpoint_every_seconds`, the job's max_loss_minutes) is a save
+when at least that long has passed since the last one, decided by process 0 and told to the
+others under the step's own key in the distributed client's key-value store.
+
+Orbax's ContinuousCheckpointingPolicy does the same under a key numbered by a process-wide
+operation counter (OperationIdGenerator), which every save advances too. With a save started
+off the loop (trainer.save_start), the loop's decisions and the save's start advance that
+counter in different orders on different processes: the keys then differ and a process waits
+for a decision nobody writes; in one process the save's own directory signals went to another
+operation and it never committed (a run with `--max-loss-s 1` hung at its final save).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+
+import jax
+from orbax.checkpoint import checkpoint_managers as cm
+
+TIMEOUT_MS = 300_000  # Orbax's coordination timeout: process 0 is at most a step behind
+
+
+class AgreedTimePolicy:
+    """Orbax's SaveDecisionPolicy protocol: `should_save(step, previous_steps, *, context)`."""
+
+    def __init__(self, seconds: int):
+        self.interval = datetime.timedelta(seconds=seconds)
+
+    def _due(self, step, previous_steps: Sequence, context) -> bool:
+        if context.is_saving_in_progress:
+            return False
+        return not previous_steps or step.time - previous_steps[-1].time >= self.interval
+
+    def should_save(self, step, previous_steps: Sequence, *, context) -> bool:
+        if jax.process_count() == 1:
+            return self._due(step, previous_steps, context)
+        from jax._src import distributed
+
+        client, key = distributed.global_state.client, f"tpupod/time-save/{step.step}"
+        if jax.process_index() == 0:
+            client.key_value_set(key, str(int(self._due(step, previous_steps, context))),
+                                 allow_overwrite=True)  # fmt: skip
+        return client.blocking_key_value_get(key, TIMEOUT_MS) == "1"
+
+
+def save_policy(cfg):
+    """Every N steps and/or T seconds, plus the preemption sync step (without the last, a custom
+    policy silently drops preemption saves)."""
+    policies = [cm.PreemptionCheckpointingPolicy()]
+    if cfg.checkpoint_every > 0:
+        policies.append(cm.FixedIntervalPolicy(cfg.checkpoint_every))
+    if cfg.checkpoint_every_seconds > 0:
+        seconds = max(1, int(cfg.checkpoint_every_seconds))
+        policies.append(AgreedTimePolicy(seconds))  # not Orbax's: the module says why
+    return cm.AnySavePolicy(policies)
