@@ -1,4 +1,6 @@
-"""When the loop saves: every N steps and/or T seconds, and at the preemption sync step.
+"""When the loop saves on its own: every N steps and/or T seconds. The save at the preemption
+sync step is the loop's too, at `tpupod_job.should_stop` (trainer.hooks), not Orbax's policy:
+the manager never asks JAX about that step (trainer.save_start.QuietPreemptionManager).
 
 The time-based decision (`checkpoint_every_seconds`, the job's max_loss_minutes) is a save
 when at least that long has passed since the last one, decided by process 0 and told to the
@@ -47,9 +49,8 @@ class AgreedTimePolicy:
 
 
 def save_policy(cfg):
-    """Every N steps and/or T seconds, plus the preemption sync step (without the last, a custom
-    policy silently drops preemption saves)."""
-    policies = [cm.PreemptionCheckpointingPolicy()]
+    """Every N steps and/or T seconds."""
+    policies = []
     if cfg.checkpoint_every > 0:
         policies.append(cm.FixedIntervalPolicy(cfg.checkpoint_every))
     if cfg.checkpoint_every_seconds > 0:

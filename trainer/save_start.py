@@ -11,8 +11,8 @@ a thread hands the copy to Orbax, whose own transfer is then host to host.
 
 Three things make Orbax's save safe off the loop's thread: its barriers go through the
 distributed client, not `sync_global_devices` (a collective program, which must not run beside
-the step's: Orbax's own comments say it may deadlock; `orbax_manager`), only the loop's thread
-asks JAX whether the preemption sync point is reached (`LoopPreemptionManager`), and the
+the step's: Orbax's own comments say it may deadlock; `orbax_manager`), Orbax never asks JAX
+whether the preemption sync point is reached (`QuietPreemptionManager`: tpupod_job does), and the
 time-based save decision keeps off Orbax's process-wide operation counter (trainer.save_policy).
 Tests: tests/trainer/test_save_start.py.
 """
@@ -78,27 +78,22 @@ class SaveStarter:
             raise error
 
 
-class LoopPreemptionManager(ocp.CheckpointManager):
-    """Orbax's manager, asking JAX about the preemption sync point from the loop's thread only.
-    JAX's sync manager keeps the last step it was asked about as the process's step
-    (PreemptionSyncManagerImpl::ReachedSyncPoint sets call_counter_), and a notice agrees on
-    the largest such step + 1. Orbax asks about the saved step from other threads too (its
-    finalize thread, after the commit; a save started here): that moves the process's step
-    back, and a notice arriving then could agree on a step the loop has passed, so that no
-    preemption save ever comes. Off the loop's thread the answer is only for Orbax's logs."""
-
-    def __init__(self, *args, **kwargs):
-        self._loop_thread = threading.current_thread()
-        super().__init__(*args, **kwargs)
+class QuietPreemptionManager(ocp.CheckpointManager):
+    """Orbax's manager, never asking JAX whether the preemption sync point is reached: the loop
+    asks `tpupod_job.should_stop` once a step and saves that step itself (trainer.hooks). JAX's
+    sync manager keeps the last step it was asked about as the process's step
+    (PreemptionSyncManagerImpl::ReachedSyncPoint sets call_counter_), and a notice agrees on the
+    largest such step + 1. Orbax asks about the saved step from other threads too (its finalize
+    thread, after the commit; a save started here): that moved the process's step back, and a
+    notice arriving then could agree on a step the loop had passed, so that no preemption save
+    came."""
 
     def reached_preemption(self, step: int) -> bool:
-        if threading.current_thread() is not self._loop_thread:
-            return False
-        return super().reached_preemption(step)
+        return False
 
 
 def orbax_manager(directory: str, options: ocp.CheckpointManagerOptions, process_count: int,
-                  **kwargs) -> LoopPreemptionManager:  # fmt: skip
+                  **kwargs) -> QuietPreemptionManager:  # fmt: skip
     """The manager, its barriers across every process through the distributed client (Orbax
     takes that path when the active processes are named). Orbax then refuses to create the
     root directory itself (`create=True`): process 0 creates it here, the others wait."""
@@ -110,4 +105,4 @@ def orbax_manager(directory: str, options: ocp.CheckpointManagerOptions, process
         multihost_utils.sync_global_devices("tpupod:checkpoint-root")
         every = ocp.options.MultiprocessingOptions(active_processes=set(range(process_count)))
         options = dataclasses.replace(options, create=False, multiprocessing_options=every)
-    return LoopPreemptionManager(directory, options=options, **kwargs)
+    return QuietPreemptionManager(directory, options=options, **kwargs)

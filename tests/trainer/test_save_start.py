@@ -1,7 +1,7 @@
 """A periodic save costs the loop the state's copy to host memory only (trainer/save_start.py):
 Orbax's save of that copy starts on a thread while the loop goes on and donates the state it
 saved; the step still restores bitwise equal. A start that fails raises on the loop's thread,
-and only the loop's thread asks JAX about the preemption sync point."""
+and Orbax never asks JAX about the preemption sync point."""
 
 from __future__ import annotations
 
@@ -46,25 +46,26 @@ def test_a_failed_start_raises_on_the_loop_thread():
     assert not starter.busy()
 
 
-def test_only_the_loop_thread_asks_about_the_preemption_sync_point(tmp_path, monkeypatch):
+def test_the_manager_never_asks_about_the_preemption_sync_point(tmp_path, monkeypatch):
+    """tpupod_job.should_stop asks, on the loop; Orbax asking about an older step from its
+    threads would move the process's step back in JAX's sync manager."""
+    import orbax.checkpoint as ocp
     from orbax.checkpoint import checkpoint_manager
 
-    asked: list[tuple[str, int]] = []
-
-    def reached(step: int) -> bool:
-        asked.append((threading.current_thread().name, step))
-        return False
-
-    monkeypatch.setattr(checkpoint_manager.utils, "reached_preemption", reached)
-    import orbax.checkpoint as ocp
-
-    manager = save_start.orbax_manager(str(tmp_path), ocp.CheckpointManagerOptions(), 1)
-    manager.reached_preemption(5)
-    other = threading.Thread(target=manager.reached_preemption, args=(3,), name="finalize")
+    asked: list[int] = []
+    monkeypatch.setattr(checkpoint_manager.utils, "reached_preemption",
+                        lambda step: asked.append(step) or False)  # fmt: skip
+    plain = ocp.CheckpointManager(str(tmp_path / "plain"))
+    plain.reached_preemption(4)
+    assert asked == [4]  # negative control: Orbax's own manager asks JAX
+    plain.close()
+    quiet = save_start.orbax_manager(str(tmp_path / "quiet"), ocp.CheckpointManagerOptions(), 1)
+    quiet.reached_preemption(5)
+    other = threading.Thread(target=quiet.reached_preemption, args=(3,), name="finalize")
     other.start()
     other.join()
-    assert asked == [(threading.current_thread().name, 5)]  # the older step was never asked
-    manager.close()
+    assert asked == [4]
+    quiet.close()
 
 
 @pytest.mark.parametrize("where", ["local", "gs"])
