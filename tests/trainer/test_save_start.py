@@ -31,6 +31,29 @@ def test_the_host_copy_outlives_the_donated_state():
         assert np.array_equal(np.asarray(copy[key]), value)
 
 
+def test_without_pinned_host_memory_the_device_copy_outlives_it(monkeypatch):
+    """Devices without a `pinned_host` memory kind get a device copy the step cannot donate."""
+    monkeypatch.setattr(save_start, "_has_pinned_host", lambda devices: False)
+    placed: list = []
+    monkeypatch.setattr(save_start.jax, "device_put", lambda *a, **k: placed.append(a))
+    state = {"w": jnp.arange(256, dtype=jnp.float32)}
+    expected = np.array(state["w"])
+    copy = save_start.host_copy(state)
+    _donating_step()(state)
+    assert state["w"].is_deleted() and not placed  # the fallback, not a move to host memory
+    assert copy["w"].sharding.memory_kind == state["w"].sharding.memory_kind
+    assert np.array_equal(np.asarray(copy["w"]), expected)
+
+
+def test_pinned_host_memory_is_looked_up_once_per_device_set():
+    save_start._has_pinned_host.cache_clear()
+    state = {"a": jnp.zeros(4), "b": jnp.ones(4)}
+    for _ in range(3):
+        save_start.host_copy(state)
+    info = save_start._has_pinned_host.cache_info()
+    assert (info.misses, info.hits) == (1, 5)
+
+
 def test_a_failed_start_raises_on_the_loop_thread():
     starter, ran = save_start.SaveStarter(), threading.Event()
 
