@@ -28,7 +28,7 @@ from contract.layout import checkpoint_dir
 from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave, frozen
-from trainer.save_policy import save_policy
+from trainer.save_policy import save_policy, time_policy
 from trainer.save_start import SaveStarter, host_copy, orbax_manager
 from trainer.tokenizer import identity_of
 from trainer.tree_shapes import leaf_shapes, tree_difference
@@ -65,8 +65,10 @@ class Checkpoints:
         # Steps whose save is in flight on process 0, oldest first: Orbax finishes them in order,
         # and its hook (self._write_manifest) is told nothing of which step it finishes.
         self._manifest_due: deque[int] = deque()
+        policy = save_policy(cfg)
+        self._time_policy = time_policy(policy)  # told of every start (trainer.save_policy)
         options = ocp.CheckpointManagerOptions(
-            save_decision_policy=save_policy(cfg),
+            save_decision_policy=policy,
             preservation_policy=preservation_policy(cfg),
             # Orbax's hook between the finished items and the commit exists only for async
             # saves: a synchronous one (checkpoint_async=false) is an async save waited for.
@@ -204,6 +206,8 @@ class Checkpoints:
         stalled training: the longest such save() is `waited_behind_s`."""
         t0 = time.perf_counter()
         behind = self._writer_busy_here()
+        if self._time_policy is not None:
+            self._time_policy.started()
         data = frozen(data_iter)  # now: the loop moves the iterator on at the next step
         if periodic and self.asynchronous:
             self._starter.start(self._start, step, host_copy(state), data)
@@ -274,9 +278,11 @@ class Checkpoints:
 
     def poll(self) -> int | None:
         """The last committed step (an async save counts once it has finished and has its
-        manifest). A start that failed on the starter's thread raises here."""
+        manifest). A failed start raises here, and so does a failed write or commit: Orbax
+        clears its in-progress flag either way; `wait_until_finished` (at once) tells them."""
         with self._lock:
             if self._pending is not None and not self.manager.is_saving_in_progress():
+                self.manager.wait_until_finished()  # raises the failed save's error
                 step, self._pending = self._pending, None
                 self._commit(step)
         self._starter.check()

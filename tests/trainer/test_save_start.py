@@ -127,3 +127,67 @@ def test_a_save_started_off_the_loop_restores_bitwise(where, tmp_path, request):
         assert np.array_equal(np.asarray(restored[key]), value)
     assert np.array_equal(next(restored_data), np.arange(4, 8))  # the iterator as at the save
     checkpoints.close()
+
+
+def _checkpoints(workdir: str, **changes):
+    import dataclasses
+
+    import grain
+
+    from trainer import checkpoint
+    from trainer.config import load_config
+
+    ds = grain.MapDataset.range(100).batch(4)
+    data = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+    cfg = dataclasses.replace(load_config("tiny"), **changes)
+    return checkpoint.Checkpoints(workdir, cfg, 1), data
+
+
+def test_a_save_whose_commit_failed_is_never_reported_committed(tmp_path, monkeypatch):
+    """Orbax clears its in-progress flag after a failed finalize too: the flag alone would
+    report the failed step as committed; poll raises the save's error instead."""
+    from trainer import checkpoint
+
+    checkpoints, data = _checkpoints(str(tmp_path / "run"), checkpoint_every=10)
+
+    def fails(path, step):
+        raise OSError(f"manifest of step {step}: bucket unreachable")
+
+    monkeypatch.setattr(checkpoint.manifest, "write", fails)
+    checkpoints.save(10, {"w": jnp.arange(8.0)}, data, periodic=True)
+    checkpoints._starter.join()
+    deadline = __import__("time").monotonic() + 30
+    while checkpoints.manager.is_saving_in_progress():
+        assert __import__("time").monotonic() < deadline
+        threading.Event().wait(0.05)
+    # negative control: by Orbax's flag alone, step 10 looks done (the old poll committed it)
+    assert checkpoints._pending == 10 and not checkpoints.manager.is_saving_in_progress()
+    with pytest.raises(OSError, match="manifest of step 10"):
+        checkpoints.poll()
+    assert checkpoints.committed is None
+    assert 10 not in checkpoints.manager.all_steps()
+
+
+def test_a_time_based_save_is_not_due_again_while_it_starts(tmp_path):
+    """The time-based policy learns of a save when the loop hands it to the starter, not when
+    Orbax lists it: the next step is not due again (no second save, nothing deferred)."""
+    checkpoints, data = _checkpoints(str(tmp_path / "run"), checkpoint_every=0,
+                                     checkpoint_every_seconds=3600)  # fmt: skip
+    policy = checkpoints._time_policy
+    assert policy is not None and policy.last_start is None
+    assert checkpoints.should_save(1)  # no save yet: due
+    checkpoints.save(1, {"w": jnp.arange(8.0)}, data, periodic=True)
+    assert policy.last_start is not None
+    assert not checkpoints.should_save(2) and checkpoints.deferred == 0
+    assert checkpoints.wait() == 1
+    assert not checkpoints.should_save(3) and checkpoints.deferred == 0
+    # negative control: a policy that never heard of the start finds step 2 due at once
+    import datetime
+    from types import SimpleNamespace
+
+    now = datetime.datetime.now(tz=datetime.timezone.utc)
+    quiet = SimpleNamespace(is_saving_in_progress=False)
+    assert not policy._due(SimpleNamespace(step=2, time=now), [], quiet)
+    policy.last_start = None
+    assert policy._due(SimpleNamespace(step=2, time=now), [], quiet)
+    checkpoints.close()
