@@ -39,7 +39,7 @@ class AgreedTimePolicy:
         self.last_start: datetime.datetime | None = None
 
     def started(self) -> None:
-        self.last_start = datetime.datetime.now(tz=datetime.timezone.utc)
+        self.last_start = datetime.datetime.now(tz=datetime.UTC)
 
     def _due(self, step, previous_steps: Sequence, context) -> bool:
         if context.is_saving_in_progress:

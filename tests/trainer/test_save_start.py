@@ -185,7 +185,7 @@ def test_a_time_based_save_is_not_due_again_while_it_starts(tmp_path):
     import datetime
     from types import SimpleNamespace
 
-    now = datetime.datetime.now(tz=datetime.timezone.utc)
+    now = datetime.datetime.now(tz=datetime.UTC)
     quiet = SimpleNamespace(is_saving_in_progress=False)
     assert not policy._due(SimpleNamespace(step=2, time=now), [], quiet)
     policy.last_start = None
