@@ -12,6 +12,7 @@ a kill or a stop can no longer fall between the two and leave a committed step u
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -212,7 +213,10 @@ class Checkpoints:
         if periodic and self.asynchronous:
             self._starter.start(self._start, step, host_copy(state), data)
         else:
-            self._starter.join()
+            if periodic:
+                self._starter.join()
+            else:
+                self._settle(step)
             self._start(step, state, data)
         waited = time.perf_counter() - t0
         if behind and periodic:
@@ -222,6 +226,19 @@ class Checkpoints:
             self.behind = {"step": step, "in_flight": self._pending, "waited_s": round(waited, 3)}
         if not self.asynchronous:
             self.wait()
+
+    def _settle(self, step: int) -> None:
+        """Before a preemption's or the final save: every earlier save has finished. One that
+        failed is reported and superseded, not raised: this save is the one that must commit."""
+        try:
+            self._starter.join()
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - reported; the step in hand still saves
+            print(f"warning: an earlier checkpoint save failed ({type(e).__name__}: {e}); "
+                  f"saving step {step} anyway", file=sys.stderr, flush=True)  # fmt: skip
+            with self._lock:
+                self._pending = None  # never committed
+        self._manifest_due.clear()  # a failed save's step would take this one's manifest
 
     def _start(self, step: int, state, data) -> None:
         """Orbax's save of `step`, on the loop or on the starter's thread."""
@@ -258,23 +275,6 @@ class Checkpoints:
         """A save has finished: Orbax committed it, and so its manifest is there (written before
         the commit), on every process alike."""
         self.committed = step
-
-    def behind_line(self, cfg: Config) -> str:
-        """The one warning for saves that cannot keep up with the interval, with the fix."""
-        b, every = self.behind, cfg.checkpoint_every
-        fix = f"--set checkpoint_every={max(2 * every, 1)}" if every else "a longer interval"
-        if b.get("deferred"):
-            return (
-                f"checkpoint save of step {b['in_flight']} was still in flight when step "
-                f"{b['step']} was due: that save is deferred to the first step after the write "
-                f"finishes (training does not wait), so a kill can lose more than one interval "
-                f"of steps; raise checkpoint_every ({fix})"
-            )
-        return (
-            f"checkpoint save of step {b['in_flight']} was still in flight when step {b['step']} "
-            f"was due (training waited {b['waited_s']} s): saves take longer than the interval, "
-            f"so a kill can lose up to two intervals of steps; raise checkpoint_every ({fix})"
-        )
 
     def poll(self) -> int | None:
         """The last committed step (an async save counts once it has finished and has its

@@ -191,3 +191,32 @@ def test_a_time_based_save_is_not_due_again_while_it_starts(tmp_path):
     policy.last_start = None
     assert policy._due(SimpleNamespace(step=2, time=now), [], quiet)
     checkpoints.close()
+
+
+def test_a_failed_periodic_save_does_not_stop_the_final_one(tmp_path, monkeypatch, capsys):
+    """A preemption's or the final save comes after a periodic one that failed: it is still
+    taken, commits with its own manifest, and the failure is reported, not raised."""
+    from trainer import checkpoint, manifest
+
+    checkpoints, data = _checkpoints(str(tmp_path / "run"), checkpoint_every=10)
+    write = manifest.write
+
+    def fails_at_10(path, step):
+        if step == 10:
+            raise OSError("manifest of step 10: bucket unreachable")
+        write(path, step)
+
+    monkeypatch.setattr(checkpoint.manifest, "write", fails_at_10)
+    checkpoints.save(10, {"w": jnp.arange(8.0)}, data, periodic=True)
+    checkpoints.save(20, {"w": jnp.arange(8.0) + 1}, data)  # the final save
+    assert checkpoints.wait() == 20
+    assert "an earlier checkpoint save failed" in capsys.readouterr().err
+    assert checkpoints.manager.all_steps() == [20]
+    assert manifest.check(checkpoints.step_dir(20), run_has_manifests=True) is None
+    checkpoints.close()
+    # negative control: a periodic save after the failed one raises it (the run stops)
+    again, data = _checkpoints(str(tmp_path / "again"), checkpoint_every=10)
+    again.save(10, {"w": jnp.arange(8.0)}, data, periodic=True)
+    with pytest.raises(OSError, match="manifest of step 10"):
+        again.save(20, {"w": jnp.arange(8.0)}, data, periodic=True)
+        again.wait()
