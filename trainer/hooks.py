@@ -44,7 +44,7 @@ class Reporter:
             # runs, and the probe's time stays out of the next step_time.
             self.flush()
             t_probe = time.perf_counter()
-            self.peak, self.peak_source = peak_flops(self.dtype)
+            self.peak, self.peak_source = peak_flops(self.dtype, shared=self.run.compile_cache)
             probe_s = round(time.perf_counter() - t_probe, 3)
             self.run.log.event("peak_measured", peak_flops=self.peak, source=self.peak_source,
                                seconds=probe_s)  # fmt: skip
