@@ -11,6 +11,7 @@ $TPUPOD_FRESH_PEAK=1 forces one (and refreshes the cache): benchmarks want this 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -155,10 +156,8 @@ def _share(key: str, entry: dict, shared: str) -> None:
         doc = {}
     doc = doc if isinstance(doc, dict) else {}
     doc[key] = entry
-    try:
+    with contextlib.suppress(Exception):
         storage.write_bytes(uri, json.dumps(doc, indent=1, sort_keys=True).encode())
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def peak_flops(dtype, measure: bool = True, shared: str | None = None) -> tuple[float | None, str]:
