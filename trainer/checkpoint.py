@@ -277,11 +277,12 @@ class Checkpoints:
         self.committed = step
 
     def poll(self) -> int | None:
-        """The last committed step (an async save counts once it has finished and has its
-        manifest). A failed start raises here, and so does a failed write or commit: Orbax
-        clears its in-progress flag either way; `wait_until_finished` (at once) tells them."""
+        """The last committed step (an async save: once finished, with its manifest). A failed
+        start, write or commit raises here (Orbax clears its flag either way: its finalize
+        thread, asked only while no start is under way, tells a commit from a failure)."""
         with self._lock:
-            if self._pending is not None and not self.manager.is_saving_in_progress():
+            idle = not self._starter.busy() and not self.manager.is_saving_in_progress()
+            if self._pending is not None and idle:
                 self.manager.wait_until_finished()  # raises the failed save's error
                 step, self._pending = self._pending, None
                 self._commit(step)
