@@ -11,11 +11,14 @@ and the row then says only whether the runs agree with each other).
 - `goodput-survive`: faults the VMs survive, a crash and a hang in turn (restarts on the same
   VMs, from each worker's local tier). `tpupod restart` and rollouts take the same path but are
   an operator's doing, not faults: not injected.
-- `goodput-pinned`: the pinned mix, 2 notices, 2 kills, a crash and a hang in every 6 faults (30
-  minutes at a fault per 5 minutes: ~20000 steps of `tiny` at its ~94 ms a step on the pod here).
+- `goodput-pinned`: the pinned mix, 2 notices, 2 kills, a crash and a hang in every 6 faults: a
+  run holds the whole mix only when it lasts >= 30 minutes at a fault per 5 minutes. `--steps`
+  sets that length: `tiny`'s step took ~53 ms on 2026-12-04's 2-core machine (36000 steps: ~33
+  min) and 90-95 ms on earlier sessions' (20000); each run's minutes, faults and step time are
+  in its row.
 
     uv run python -m bench goodput-survive --runs 3 --steps 20000  # 14000 --no-reference: 74 min
-    uv run python -m bench goodput-pinned --runs 3 --steps 20000
+    uv run python -m bench goodput-pinned --runs 3 --steps 36000 --no-reference  # ~1.7 h
 """
 
 from __future__ import annotations

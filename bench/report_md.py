@@ -242,4 +242,12 @@ def _pictures(bench: str, rows: list[dict], markdown: Path) -> list[str]:
             return ["Median seconds of each recovery phase per fault kind, from the fault (the "
                     "phases' medians need not add up to the median total), the goal of "
                     f"{goal_s():g} s marked.", "", f"![recovery phases]({PHASES_PNG})", ""]  # fmt: skip
+    if bench in ("goodput-survive", "goodput-pinned") and docs.is_dir():
+        from bench.report_plot import badput_shares
+
+        png = f"docs/{bench}-badput.png"
+        if badput_shares(rows, markdown.parent / png, bench):
+            return ["Badput by Google's categories, each the median over the runs, as a share of "
+                    "the wall time; the dashed line is what the goal leaves for all of them.", "",
+                    f"![badput, {bench}]({png})", ""]  # fmt: skip
     return []

@@ -63,3 +63,51 @@ def recovery_phases(rows: list[dict], png: Path) -> Path | None:
     fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
     return png
+
+
+BREAKDOWN = re.compile(r"badput breakdown, (.+?) \(.*\), medians$")
+SHARE = re.compile(r"([a-z /]+?) (\d+(?:\.\d+)?) s \((\d+(?:\.\d+)?)%\)")
+
+
+def shares(value: str) -> list[tuple[str, float]]:
+    """ "productive 1270 s (94.8%), startup 20 s (1.5%), ..." -> [(category, % of wall), ...]."""
+    return [(m.group(1).strip(), float(m.group(3))) for m in SHARE.finditer(str(value))]
+
+
+def badput_shares(rows: list[dict], png: Path, bench: str) -> Path | None:
+    """The goodput mix's median badput breakdown as one bar of % of the wall per category, the
+    allowance its rule leaves (100 % - the goal) marked; None (nothing drawn) without a row."""
+    found = [(m.group(1), shares(r["value"])) for r in rows if (m := BREAKDOWN.match(r["name"]))]
+    found = [(label, [(k, v) for k, v in s if k != "productive"]) for label, s in found if s]
+    if not found:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(k for _, s in found for k, _ in s))
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(found)))
+    for y, (_, s) in enumerate(found):
+        left = 0.0
+        for name, pct in s:
+            ax.barh(y, pct, left=left, height=0.6, color=colours(names.index(name) % 10),
+                    label=name if y == 0 else None)  # fmt: skip
+            if pct >= 0.4:
+                ax.text(left + pct / 2, y, f"{pct:g}", ha="center", va="center", fontsize=7)
+            left += pct
+    goal = [r.threshold for r in rules.RULES if r.key == bench]
+    if goal and isinstance(goal[0], float):
+        allowance = 100.0 - goal[0]
+        ax.axvline(allowance, color="black", linestyle="--", linewidth=1)
+        ax.text(allowance, 1.02, f"goal: <= {allowance:g} % badput", fontsize=8, ha="center",
+                transform=ax.get_xaxis_transform())  # fmt: skip
+    ax.set_yticks(range(len(found)), [label for label, _ in found])
+    ax.invert_yaxis()
+    ax.set_xlabel("% of the wall time (medians over the runs, Google's categories)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    return png

@@ -12,6 +12,7 @@ a kill or a stop can no longer fall between the two and leave a committed step u
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from contract.layout import checkpoint_dir
 from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave, frozen
-from trainer.save_policy import save_policy
+from trainer.save_policy import save_policy, time_policy
 from trainer.save_start import SaveStarter, host_copy, orbax_manager
 from trainer.tokenizer import identity_of
 from trainer.tree_shapes import leaf_shapes, tree_difference
@@ -65,8 +66,10 @@ class Checkpoints:
         # Steps whose save is in flight on process 0, oldest first: Orbax finishes them in order,
         # and its hook (self._write_manifest) is told nothing of which step it finishes.
         self._manifest_due: deque[int] = deque()
+        policy = save_policy(cfg)
+        self._time_policy = time_policy(policy)  # told of every start (trainer.save_policy)
         options = ocp.CheckpointManagerOptions(
-            save_decision_policy=save_policy(cfg),
+            save_decision_policy=policy,
             preservation_policy=preservation_policy(cfg),
             # Orbax's hook between the finished items and the commit exists only for async
             # saves: a synchronous one (checkpoint_async=false) is an async save waited for.
@@ -204,11 +207,16 @@ class Checkpoints:
         stalled training: the longest such save() is `waited_behind_s`."""
         t0 = time.perf_counter()
         behind = self._writer_busy_here()
+        if self._time_policy is not None:
+            self._time_policy.started()
         data = frozen(data_iter)  # now: the loop moves the iterator on at the next step
         if periodic and self.asynchronous:
             self._starter.start(self._start, step, host_copy(state), data)
         else:
-            self._starter.join()
+            if periodic:
+                self._starter.join()
+            else:
+                self._settle(step)
             self._start(step, state, data)
         waited = time.perf_counter() - t0
         if behind and periodic:
@@ -218,6 +226,19 @@ class Checkpoints:
             self.behind = {"step": step, "in_flight": self._pending, "waited_s": round(waited, 3)}
         if not self.asynchronous:
             self.wait()
+
+    def _settle(self, step: int) -> None:
+        """Before a preemption's or the final save: every earlier save has finished. One that
+        failed is reported and superseded, not raised: this save is the one that must commit."""
+        try:
+            self._starter.join()
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - reported; the step in hand still saves
+            print(f"warning: an earlier checkpoint save failed ({type(e).__name__}: {e}); "
+                  f"saving step {step} anyway", file=sys.stderr, flush=True)  # fmt: skip
+            with self._lock:
+                self._pending = None  # never committed
+        self._manifest_due.clear()  # a failed save's step would take this one's manifest
 
     def _start(self, step: int, state, data) -> None:
         """Orbax's save of `step`, on the loop or on the starter's thread."""
@@ -255,28 +276,14 @@ class Checkpoints:
         the commit), on every process alike."""
         self.committed = step
 
-    def behind_line(self, cfg: Config) -> str:
-        """The one warning for saves that cannot keep up with the interval, with the fix."""
-        b, every = self.behind, cfg.checkpoint_every
-        fix = f"--set checkpoint_every={max(2 * every, 1)}" if every else "a longer interval"
-        if b.get("deferred"):
-            return (
-                f"checkpoint save of step {b['in_flight']} was still in flight when step "
-                f"{b['step']} was due: that save is deferred to the first step after the write "
-                f"finishes (training does not wait), so a kill can lose more than one interval "
-                f"of steps; raise checkpoint_every ({fix})"
-            )
-        return (
-            f"checkpoint save of step {b['in_flight']} was still in flight when step {b['step']} "
-            f"was due (training waited {b['waited_s']} s): saves take longer than the interval, "
-            f"so a kill can lose up to two intervals of steps; raise checkpoint_every ({fix})"
-        )
-
     def poll(self) -> int | None:
-        """The last committed step (an async save counts once it has finished and has its
-        manifest). A start that failed on the starter's thread raises here."""
+        """The last committed step (an async save: once finished, with its manifest). A failed
+        start, write or commit raises here (Orbax clears its flag either way: its finalize
+        thread, asked only while no start is under way, tells a commit from a failure)."""
         with self._lock:
-            if self._pending is not None and not self.manager.is_saving_in_progress():
+            idle = not self._starter.busy() and not self.manager.is_saving_in_progress()
+            if self._pending is not None and idle:
+                self.manager.wait_until_finished()  # raises the failed save's error
                 step, self._pending = self._pending, None
                 self._commit(step)
         self._starter.check()

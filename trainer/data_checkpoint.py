@@ -32,7 +32,10 @@ class _Frozen:
 
 
 def frozen(iterator) -> _Frozen:
-    """The state now, in the bytes grain's handler would write for `iterator`."""
+    """The state now, in the bytes grain's handler would write for `iterator` (a frozen one as it
+    is: Checkpoints.save freezes it on the loop, the handler's save is handed that)."""
+    if isinstance(iterator, _Frozen):
+        return iterator
     if isinstance(iterator, grain.DatasetIterator):
         return _Frozen(json.dumps(iterator.get_state(), indent=4).encode())
     return _Frozen(iterator.get_state())

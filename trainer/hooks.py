@@ -44,7 +44,7 @@ class Reporter:
             # runs, and the probe's time stays out of the next step_time.
             self.flush()
             t_probe = time.perf_counter()
-            self.peak, self.peak_source = peak_flops(self.dtype)
+            self.peak, self.peak_source = peak_flops(self.dtype, shared=self.run.compile_cache)
             probe_s = round(time.perf_counter() - t_probe, 3)
             self.run.log.event("peak_measured", peak_flops=self.peak, source=self.peak_source,
                                seconds=probe_s)  # fmt: skip
@@ -106,7 +106,25 @@ class Saver:
         if checkpoints.behind is not None and not self._said_behind:
             self._said_behind = True
             if jax.process_index() == 0:
-                print(f"warning: {checkpoints.behind_line(cfg)}", file=sys.stderr)
+                print(f"warning: {behind_line(checkpoints, cfg)}", file=sys.stderr)
             run.log.event("checkpoint_behind", **checkpoints.behind)
         run.hb.update(state=JobState.TRAINING, last_checkpoint=checkpoints.committed)
         return False
+
+
+def behind_line(checkpoints, cfg) -> str:
+    """The one warning for saves that cannot keep up with the interval, with the fix."""
+    b, every = checkpoints.behind, cfg.checkpoint_every
+    fix = f"--set checkpoint_every={max(2 * every, 1)}" if every else "a longer interval"
+    if b.get("deferred"):
+        return (
+            f"checkpoint save of step {b['in_flight']} was still in flight when step "
+            f"{b['step']} was due: that save is deferred to the first step after the write "
+            f"finishes (training does not wait), so a kill can lose more than one interval "
+            f"of steps; raise checkpoint_every ({fix})"
+        )
+    return (
+        f"checkpoint save of step {b['in_flight']} was still in flight when step {b['step']} "
+        f"was due (training waited {b['waited_s']} s): saves take longer than the interval, "
+        f"so a kill can lose up to two intervals of steps; raise checkpoint_every ({fix})"
+    )

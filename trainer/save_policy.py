@@ -30,11 +30,22 @@ class AgreedTimePolicy:
 
     def __init__(self, seconds: int):
         self.interval = datetime.timedelta(seconds=seconds)
+        # The loop's last save start (Checkpoints.save, on every process; process 0's decides).
+        # Orbax learns of a save only once its start has passed a barrier and listed the step,
+        # a fraction of a second after the loop handed it to the starter's thread: until then
+        # neither `previous_steps` nor `is_saving_in_progress` shows it, and the next step would
+        # be due again (a second save, counted as deferred, with a false "saves cannot keep
+        # up" warning).
+        self.last_start: datetime.datetime | None = None
+
+    def started(self) -> None:
+        self.last_start = datetime.datetime.now(tz=datetime.UTC)
 
     def _due(self, step, previous_steps: Sequence, context) -> bool:
         if context.is_saving_in_progress:
             return False
-        return not previous_steps or step.time - previous_steps[-1].time >= self.interval
+        last = [t for t in (previous_steps and previous_steps[-1].time, self.last_start) if t]
+        return not last or step.time - max(last) >= self.interval
 
     def should_save(self, step, previous_steps: Sequence, *, context) -> bool:
         if jax.process_count() == 1:
@@ -46,6 +57,12 @@ class AgreedTimePolicy:
             client.key_value_set(key, str(int(self._due(step, previous_steps, context))),
                                  allow_overwrite=True)  # fmt: skip
         return client.blocking_key_value_get(key, TIMEOUT_MS) == "1"
+
+
+def time_policy(policy) -> AgreedTimePolicy | None:
+    """The time-based part of `save_policy(cfg)`, if it has one (to tell it of every start)."""
+    found = [p for p in getattr(policy, "policies", ()) if isinstance(p, AgreedTimePolicy)]
+    return found[0] if found else None
 
 
 def save_policy(cfg):

@@ -20,6 +20,7 @@ Tests: tests/trainer/test_save_start.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 
@@ -28,14 +29,19 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 
+@functools.cache
+def _has_pinned_host(devices: frozenset) -> bool:
+    """Whether these devices have `pinned_host` memory (asked once per set, not once a save)."""
+    return any(m.kind == "pinned_host" for d in devices for m in d.addressable_memories())
+
+
 def host_copy(tree):
     """Every jax.Array leaf copied to host memory in its own sharding, the copies finished."""
 
     def copy(leaf):
         if not isinstance(leaf, jax.Array):
             return leaf
-        kinds = {m.kind for d in leaf.sharding.device_set for m in d.addressable_memories()}
-        if "pinned_host" in kinds:
+        if _has_pinned_host(frozenset(leaf.sharding.device_set)):
             return jax.device_put(leaf, leaf.sharding.with_memory_kind("pinned_host"))
         return leaf.copy()  # a device without host memory kinds: a copy the step cannot donate
 

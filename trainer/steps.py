@@ -52,6 +52,7 @@ class Run:
     cache_hit: bool | None = None
     local: LocalTier | None = None  # the local tier, when the run has a local directory
     restored_tier: str | None = None  # "local" or "persistent": where the restore came from
+    compile_cache: str | None = None  # the run's compile cache (its bucket), shared by its VMs
 
     @property
     def mesh(self):
@@ -67,7 +68,8 @@ def prepare(cfg: Config, workdir: str, hb: Heartbeat, explicit_vocab: bool,
     t_restore = time.perf_counter()
     hb.update(state=JobState.RESTORING)
     checkpoints = Checkpoints(workdir, cfg, jax.process_count(), data.checkpoint_meta(cfg, loaded))
-    run = Run(cfg, log, hb, setup, checkpoints, None, data_iter, 0, None, n_params)
+    run = Run(cfg, log, hb, setup, checkpoints, None, data_iter, 0, None, n_params,
+              compile_cache=compile_cache)  # fmt: skip
     if local_dir and cfg.local_checkpoint_every > 0:
         identity = {"process_index": jax.process_index(), "workdir": workdir,
                     "shapes": shape_signature(cfg), **checkpoints.meta}  # fmt: skip

@@ -98,13 +98,16 @@ def bootstrapped(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> None:
     """stop-all, clear-locks-all, start-all: every worker together, as the next attempt.
-    After a crash or a hang the survivors are stuck in a collective and ignore SIGTERM:
-    they get a short grace of their own, not the job's (a preemption's save time)."""
+    After a crash the survivors are stuck in a collective and ignore SIGTERM: they get a short
+    grace of their own, not the job's (a preemption's save time); a hung job gets none."""
     group = w.workers(None)
     inc.started = started = time.time()
     attempt = w.state.attempt + 1
     try:
-        stop = w.config.failure_stop_timeout if failure else None
+        stop = None  # a preempted job's own grace: it saves
+        if failure:
+            hung = inc.kind == "hang"
+            stop = w.config.hang_stop_timeout if hung else w.config.failure_stop_timeout
         group.jobctl("stop", timeout=None, stop_timeout=stop)
         group.jobctl("clear-locks")
         w.restarted_now()

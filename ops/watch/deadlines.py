@@ -85,11 +85,13 @@ class WatchConfig:
     zone_patience: float = GCP["patience"]  # queued this long in one zone: file the next beside
     queue_deadline: float = float("inf")  # one zone: its own validUntilDuration ends the wait
     ssh_retries: int = 3
-    # SIGTERM -> SIGKILL for a crashed or hung job: its survivors are stuck in a collective and
-    # ignore SIGTERM (a job's grace_s is for a preemption's save, which these cannot make). A
-    # crash's survivors see their peer gone and exit within it; a hung process never does, so
-    # every second here is a second of every hang's recovery (was 3 s: issue 50).
+    # SIGTERM -> SIGKILL for a crashed job: its survivors are stuck in a collective and ignore
+    # SIGTERM (a job's grace_s is for a preemption's save, which these cannot make); they see
+    # their peer gone and exit within this (was 3 s: issue 50).
     failure_stop_timeout: float = 1.0
+    # A hung job never acts on SIGTERM (its stacks are already kept: ops.fleet.forensics), so
+    # its SIGKILL comes with it: a second here was a second of every hang's recovery.
+    hang_stop_timeout: float = 0.0
 
     def phase_deadline(self, phase: Phase) -> float:
         """How long a waiting phase may last before its DEADLINE event (backoffs: no deadline)."""

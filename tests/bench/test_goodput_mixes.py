@@ -83,3 +83,22 @@ def test_only_the_last_run_is_followed_by_the_reference_unless_told_not(monkeypa
     result = goodput_mixes.run("goodput-survive", tmp_path, 3, 300.0, 100, "tiny", 30.0, (),
                                reference=False)  # fmt: skip
     assert asked == [False, False, False] and result["reference_fingerprint"] is None
+
+
+def test_the_badput_picture_is_drawn_from_the_breakdown_row(tmp_path):
+    from bench import report_plot
+
+    one = round_(1400)
+    one["badput_s"].update(startup=30.0, other=70.0)
+    result = {"bench": "goodput-pinned", "kinds": ["notice", "kill"], "period_s": 300.0,
+              "rounds": [one] * 3, "trainer_args": "--config tiny", "reference_fingerprint": None}  # fmt: skip
+    rows = [{"name": f.name, "value": f.value} for f in figures(result)]
+    breakdown = next(r["value"] for r in rows if r["name"].startswith("badput breakdown"))
+    parsed = dict(report_plot.shares(breakdown))
+    assert parsed["productive"] == 93.3 and parsed["startup"] == 2.0 and parsed["other"] == 4.7
+    assert "recovery / infra" in parsed  # a category with a slash and spaces
+    png = report_plot.badput_shares(rows, tmp_path / "b.png", "goodput-pinned")
+    assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
+    # negative control: no breakdown row, no picture
+    assert report_plot.badput_shares(rows[:1], tmp_path / "c.png", "goodput-pinned") is None
+    assert not (tmp_path / "c.png").exists()

@@ -192,6 +192,20 @@ def test_stop_escalates_to_sigkill_after_the_stop_timeout(ctl):
     assert (c.root / "job.exit").read_text().strip() == "137"
 
 
+def test_a_stop_timeout_of_zero_kills_at_once(ctl):
+    """A hung job's stop (ops.watch: hang_stop_timeout 0): SIGKILL with the SIGTERM, no wait."""
+    c = ctl("hung")
+    assert c("start").returncode == 0
+    pid = c.pid()
+    c.wait_for("step 1")
+    stop = c("stop", stop_timeout=0)
+    assert stop.returncode == 0 and "job still running after 0s: SIGKILL" in stop.stdout, (
+        stop.stdout
+    )
+    assert not procs.alive(pid)
+    assert (c.root / "job.exit").read_text().strip() == "137"
+
+
 def test_clear_locks_waits_for_the_job_to_stop(ctl):
     c = ctl()
     c.lock.write_text("")

@@ -166,6 +166,31 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     assert watcher.restart_wait() == 0.0 and watcher.state.failures == 4
 
 
+@pytest.mark.parametrize(("kind", "failure", "stop"),
+                         [("hang", True, 0), ("crash", True, 1), ("preemption", False, None)])  # fmt: skip
+def test_a_hung_job_is_killed_at_once_a_crashed_one_after_a_second(tmp_path, kind, failure, stop):
+    """The stop's SIGTERM -> SIGKILL time per cause: a hung job never acts on SIGTERM (its
+    stacks are kept first), a crash's survivors exit within a second of it, a preempted job
+    restarted on its surviving VMs gets its own grace (None: jobctl reads grace_s)."""
+    from ops.watch import actions
+    from ops.watch.incident import Incident
+
+    spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
+    target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
+                    api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
+    watcher = Watcher(TpuProvider(target), Journal(tmp_path / "j.jsonl"), WatchConfig())
+    calls = []
+
+    class Group:
+        def jobctl(self, verb, timeout=None, stop_timeout=None, attempt=None):
+            calls.append((verb, stop_timeout))
+
+    watcher.workers = lambda which=None: Group()
+    inc = Incident(kind, "test", time.time(), 10, phase_since=time.time())
+    actions.restart(watcher, inc, kind, failure=failure)
+    assert calls == [("stop", stop), ("clear-locks", None), ("start", None)]
+
+
 def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_another():
     """The queue keeps its place (issue 48): a request filed beside a waiting one in another
     zone may be the one filled; `tpupod status` says why the slice moved, and says nothing

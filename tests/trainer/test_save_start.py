@@ -31,6 +31,29 @@ def test_the_host_copy_outlives_the_donated_state():
         assert np.array_equal(np.asarray(copy[key]), value)
 
 
+def test_without_pinned_host_memory_the_device_copy_outlives_it(monkeypatch):
+    """Devices without a `pinned_host` memory kind get a device copy the step cannot donate."""
+    monkeypatch.setattr(save_start, "_has_pinned_host", lambda devices: False)
+    placed: list = []
+    monkeypatch.setattr(save_start.jax, "device_put", lambda *a, **k: placed.append(a))
+    state = {"w": jnp.arange(256, dtype=jnp.float32)}
+    expected = np.array(state["w"])
+    copy = save_start.host_copy(state)
+    _donating_step()(state)
+    assert state["w"].is_deleted() and not placed  # the fallback, not a move to host memory
+    assert copy["w"].sharding.memory_kind == state["w"].sharding.memory_kind
+    assert np.array_equal(np.asarray(copy["w"]), expected)
+
+
+def test_pinned_host_memory_is_looked_up_once_per_device_set():
+    save_start._has_pinned_host.cache_clear()
+    state = {"a": jnp.zeros(4), "b": jnp.ones(4)}
+    for _ in range(3):
+        save_start.host_copy(state)
+    info = save_start._has_pinned_host.cache_info()
+    assert (info.misses, info.hits) == (1, 5)
+
+
 def test_a_failed_start_raises_on_the_loop_thread():
     starter, ran = save_start.SaveStarter(), threading.Event()
 
@@ -104,3 +127,96 @@ def test_a_save_started_off_the_loop_restores_bitwise(where, tmp_path, request):
         assert np.array_equal(np.asarray(restored[key]), value)
     assert np.array_equal(next(restored_data), np.arange(4, 8))  # the iterator as at the save
     checkpoints.close()
+
+
+def _checkpoints(workdir: str, **changes):
+    import dataclasses
+
+    import grain
+
+    from trainer import checkpoint
+    from trainer.config import load_config
+
+    ds = grain.MapDataset.range(100).batch(4)
+    data = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+    cfg = dataclasses.replace(load_config("tiny"), **changes)
+    return checkpoint.Checkpoints(workdir, cfg, 1), data
+
+
+def test_a_save_whose_commit_failed_is_never_reported_committed(tmp_path, monkeypatch):
+    """Orbax clears its in-progress flag after a failed finalize too: the flag alone would
+    report the failed step as committed; poll raises the save's error instead."""
+    from trainer import checkpoint
+
+    checkpoints, data = _checkpoints(str(tmp_path / "run"), checkpoint_every=10)
+
+    def fails(path, step):
+        raise OSError(f"manifest of step {step}: bucket unreachable")
+
+    monkeypatch.setattr(checkpoint.manifest, "write", fails)
+    checkpoints.save(10, {"w": jnp.arange(8.0)}, data, periodic=True)
+    checkpoints._starter.join()
+    deadline = __import__("time").monotonic() + 30
+    while checkpoints.manager.is_saving_in_progress():
+        assert __import__("time").monotonic() < deadline
+        threading.Event().wait(0.05)
+    # negative control: by Orbax's flag alone, step 10 looks done (the old poll committed it)
+    assert checkpoints._pending == 10 and not checkpoints.manager.is_saving_in_progress()
+    with pytest.raises(OSError, match="manifest of step 10"):
+        checkpoints.poll()
+    assert checkpoints.committed is None
+    assert 10 not in checkpoints.manager.all_steps()
+
+
+def test_a_time_based_save_is_not_due_again_while_it_starts(tmp_path):
+    """The time-based policy learns of a save when the loop hands it to the starter, not when
+    Orbax lists it: the next step is not due again (no second save, nothing deferred)."""
+    checkpoints, data = _checkpoints(str(tmp_path / "run"), checkpoint_every=0,
+                                     checkpoint_every_seconds=3600)  # fmt: skip
+    policy = checkpoints._time_policy
+    assert policy is not None and policy.last_start is None
+    assert checkpoints.should_save(1)  # no save yet: due
+    checkpoints.save(1, {"w": jnp.arange(8.0)}, data, periodic=True)
+    assert policy.last_start is not None
+    assert not checkpoints.should_save(2) and checkpoints.deferred == 0
+    assert checkpoints.wait() == 1
+    assert not checkpoints.should_save(3) and checkpoints.deferred == 0
+    # negative control: a policy that never heard of the start finds step 2 due at once
+    import datetime
+    from types import SimpleNamespace
+
+    now = datetime.datetime.now(tz=datetime.UTC)
+    quiet = SimpleNamespace(is_saving_in_progress=False)
+    assert not policy._due(SimpleNamespace(step=2, time=now), [], quiet)
+    policy.last_start = None
+    assert policy._due(SimpleNamespace(step=2, time=now), [], quiet)
+    checkpoints.close()
+
+
+def test_a_failed_periodic_save_does_not_stop_the_final_one(tmp_path, monkeypatch, capsys):
+    """A preemption's or the final save comes after a periodic one that failed: it is still
+    taken, commits with its own manifest, and the failure is reported, not raised."""
+    from trainer import checkpoint, manifest
+
+    checkpoints, data = _checkpoints(str(tmp_path / "run"), checkpoint_every=10)
+    write = manifest.write
+
+    def fails_at_10(path, step):
+        if step == 10:
+            raise OSError("manifest of step 10: bucket unreachable")
+        write(path, step)
+
+    monkeypatch.setattr(checkpoint.manifest, "write", fails_at_10)
+    checkpoints.save(10, {"w": jnp.arange(8.0)}, data, periodic=True)
+    checkpoints.save(20, {"w": jnp.arange(8.0) + 1}, data)  # the final save
+    assert checkpoints.wait() == 20
+    assert "an earlier checkpoint save failed" in capsys.readouterr().err
+    assert checkpoints.manager.all_steps() == [20]
+    assert manifest.check(checkpoints.step_dir(20), run_has_manifests=True) is None
+    checkpoints.close()
+    # negative control: a periodic save after the failed one raises it (the run stops)
+    again, data = _checkpoints(str(tmp_path / "again"), checkpoint_every=10)
+    again.save(10, {"w": jnp.arange(8.0)}, data, periodic=True)
+    with pytest.raises(OSError, match="manifest of step 10"):
+        again.save(20, {"w": jnp.arange(8.0)}, data, periodic=True)
+        again.wait()

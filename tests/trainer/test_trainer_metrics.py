@@ -52,6 +52,31 @@ def test_peak_is_cached_reused_and_refreshed_on_demand(probe, monkeypatch):
     assert peak.peak_flops(jnp.float32) == (PER_PROCESS, peak.SOURCE) and len(probe) == 2
 
 
+@pytest.mark.parametrize("where", ["local", "gs"])
+def test_a_recreated_vm_reads_the_peak_beside_the_compile_cache(probe, monkeypatch, tmp_path,
+                                                                 where, request):  # fmt: skip
+    """A recreated VM's disk starts empty: the probe's figure comes from the copy beside the
+    run's compile cache (its bucket), not from a second probe."""
+    if where == "gs":
+        request.getfixturevalue("gcs_emulator")
+        shared = f"gs://tpupod-test/compile-cache/peak-{tmp_path.name}"
+    else:
+        shared = str(tmp_path / "bucket" / "compile-cache")
+    assert peak.peak_flops(jnp.float32, shared=shared) == (PER_PROCESS, peak.SOURCE)
+    monkeypatch.setenv(peak.CACHE_DIR_ENV, str(tmp_path / "new-disk"))  # the recreated VM
+    flops, source = peak.peak_flops(jnp.float32, shared=shared)
+    assert flops == PER_PROCESS and source.startswith(f"{peak.SOURCE} (cached 20")
+    assert len(probe) == 1
+    assert peak.cached(peak.cache_key(jnp.float32), peak.cache_path())  # now on its disk too
+    # negative controls: without the shared copy, a new disk probes again; and so does a fresh
+    # probe asked for, shared copy or not
+    monkeypatch.setenv(peak.CACHE_DIR_ENV, str(tmp_path / "another-disk"))
+    assert peak.peak_flops(jnp.float32) == (PER_PROCESS, peak.SOURCE) and len(probe) == 2
+    monkeypatch.setenv(peak.FRESH_ENV, "1")
+    assert peak.peak_flops(jnp.float32, shared=shared) == (PER_PROCESS, peak.SOURCE)
+    assert len(probe) == 3
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"KEY": {"flops": "fast"}}'])
 def test_unusable_peak_cache_means_a_fresh_probe(probe, content):
     path = peak.cache_path()
