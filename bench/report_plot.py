@@ -29,35 +29,41 @@ def recovery_phases(rows: list[dict], png: Path) -> Path | None:
     kinds = [(k, p) for k, p in kinds if p]
     if not kinds:
         return None
+    goal = goal_s()
+    # the bars start at the fault: a hang's bar holds its detection too
+    bars = [(k.replace(" (after detection)", ""), p) for k, p in kinds]
+    return stacked_bars(bars, png, "seconds from the fault (medians of each phase, local pod)",
+                        goal, f"goal {goal:g} s" if goal is not None else "")  # fmt: skip
+
+
+def stacked_bars(bars: list[tuple[str, list[tuple[str, float]]]], png: Path, xlabel: str,
+                 goal: float | None = None, goal_text: str = "", values: bool = False) -> Path:  # fmt: skip
+    """One horizontal bar per (label, [(part, width), ...]), the parts stacked in their order and
+    coloured alike across bars, a dashed line at `goal`; `values` writes each wide part's width."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(dict.fromkeys(name for _, p in kinds for name, _ in p))
+    names = list(dict.fromkeys(name for _, parts in bars for name, _ in parts))
     colours = plt.get_cmap("tab20")
-    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.6 * len(kinds)))
-    for y, (_, p) in enumerate(kinds):
+    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.6 * len(bars)))
+    for y, (_, parts) in enumerate(bars):
         left = 0.0
-        for name, seconds in p:
-            ax.barh(y, seconds, left=left, color=colours(names.index(name) % 20), height=0.6)
-            left += seconds
+        for name, width in parts:
+            ax.barh(y, width, left=left, color=colours(names.index(name) % 20), height=0.6)
+            if values and width >= 0.4:
+                ax.text(left + width / 2, y, f"{width:g}", ha="center", va="center", fontsize=7)
+            left += width
     for name in names:
         ax.barh(0, 0, color=colours(names.index(name) % 20), label=name)
-    if (goal := goal_s()) is not None:
+    if goal is not None:
         ax.axvline(goal, color="black", linestyle="--", linewidth=1)
-        ax.text(
-            goal,
-            1.02,
-            f"goal {goal:g} s",
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            fontsize=8,
-        )
-    # the bars start at the fault: a hang's bar holds its detection too
-    ax.set_yticks(range(len(kinds)), [k.replace(" (after detection)", "") for k, _ in kinds])
+        ax.text(goal, 1.02, goal_text, transform=ax.get_xaxis_transform(), ha="center",
+                fontsize=8)  # fmt: skip
+    ax.set_yticks(range(len(bars)), [label for label, _ in bars])
     ax.invert_yaxis()
-    ax.set_xlabel("seconds from the fault (medians of each phase, local pod)")
+    ax.set_xlabel(xlabel)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
@@ -81,33 +87,8 @@ def badput_shares(rows: list[dict], png: Path, bench: str) -> Path | None:
     found = [(label, [(k, v) for k, v in s if k != "productive"]) for label, s in found if s]
     if not found:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(dict.fromkeys(k for _, s in found for k, _ in s))
-    colours = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(found)))
-    for y, (_, s) in enumerate(found):
-        left = 0.0
-        for name, pct in s:
-            ax.barh(y, pct, left=left, height=0.6, color=colours(names.index(name) % 10),
-                    label=name if y == 0 else None)  # fmt: skip
-            if pct >= 0.4:
-                ax.text(left + pct / 2, y, f"{pct:g}", ha="center", va="center", fontsize=7)
-            left += pct
     goal = [r.threshold for r in rules.RULES if r.key == bench]
-    if goal and isinstance(goal[0], float):
-        allowance = 100.0 - goal[0]
-        ax.axvline(allowance, color="black", linestyle="--", linewidth=1)
-        ax.text(allowance, 1.02, f"goal: <= {allowance:g} % badput", fontsize=8, ha="center",
-                transform=ax.get_xaxis_transform())  # fmt: skip
-    ax.set_yticks(range(len(found)), [label for label, _ in found])
-    ax.invert_yaxis()
-    ax.set_xlabel("% of the wall time (medians over the runs, Google's categories)")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
-    return png
+    allowance = 100.0 - goal[0] if goal and isinstance(goal[0], float) else None
+    text = f"goal: <= {allowance:g} % badput" if allowance is not None else ""
+    xlabel = "% of the wall time (medians over the runs, Google's categories)"
+    return stacked_bars(found, png, xlabel, allowance, text, values=True)
