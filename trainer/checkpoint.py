@@ -213,10 +213,7 @@ class Checkpoints:
         if periodic and self.asynchronous:
             self._starter.start(self._start, step, host_copy(state), data)
         else:
-            if periodic:
-                self._starter.join()
-            else:
-                self._settle(step)
+            self._starter.join() if periodic else self._settle(step)
             self._start(step, state, data)
         waited = time.perf_counter() - t0
         if behind and periodic:
