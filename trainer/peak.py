@@ -102,7 +102,10 @@ def _read(path: Path) -> dict:
 
 def cached(key: str, path: Path) -> dict | None:
     """The entry for `key` ({"flops": per process, "measured": unix s}), or None if unusable."""
-    entry = _read(path).get(key)
+    return _usable(_read(path).get(key))
+
+
+def _usable(entry) -> dict | None:
     if not isinstance(entry, dict):
         return None
     flops, when = entry.get("flops"), entry.get("measured")
@@ -130,34 +133,27 @@ def fresh_forced() -> bool:
 SHARED_NAME = "dot_peak.json"
 
 
-def _shared_entry(key: str, shared: str) -> dict | None:
-    """The entry under `key` in the run's shared copy (beside its compile cache), or None."""
+def _shared_doc(shared: str) -> dict:
+    """The run's shared copy (beside its compile cache); {} when missing, unreadable or out of
+    reach (a probe instead)."""
     from trainer import storage
 
     try:
         doc = json.loads(storage.read_bytes(storage.join(shared, SHARED_NAME)))
-    except Exception:  # noqa: BLE001 - missing, unreadable or unreachable: a probe instead
-        return None
-    entry = doc.get(key) if isinstance(doc, dict) else None
-    ok = isinstance(entry, dict) and all(
-        isinstance(entry.get(k), int | float) and entry[k] > 0 for k in ("flops", "measured")
-    )
-    return entry if ok else None
+    except Exception:  # noqa: BLE001
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _share(key: str, entry: dict, shared: str) -> None:
     """Adds `key` to the shared copy; one that cannot be written only costs a later probe."""
     from trainer import storage
 
-    uri = storage.join(shared, SHARED_NAME)
-    try:
-        doc = json.loads(storage.read_bytes(uri))
-    except Exception:  # noqa: BLE001 - none yet, or unreadable: start afresh
-        doc = {}
-    doc = doc if isinstance(doc, dict) else {}
+    doc = _shared_doc(shared)  # read again: another process may have added its own key
     doc[key] = entry
     with contextlib.suppress(Exception):
-        storage.write_bytes(uri, json.dumps(doc, indent=1, sort_keys=True).encode())
+        data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        storage.write_bytes(storage.join(shared, SHARED_NAME), data)
 
 
 def peak_flops(dtype, measure: bool = True, shared: str | None = None) -> tuple[float | None, str]:
@@ -173,7 +169,7 @@ def peak_flops(dtype, measure: bool = True, shared: str | None = None) -> tuple[
     key, path = cache_key(dtype), cache_path()
     entry = None if fresh_forced() else cached(key, path)
     if entry is None and measure and shared and not fresh_forced():
-        entry = _shared_entry(key, shared)
+        entry = _usable(_shared_doc(shared).get(key))
         if entry is not None:
             store(key, entry["flops"], path, measured=entry["measured"])
     if entry is not None:
