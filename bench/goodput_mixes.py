@@ -12,12 +12,13 @@ and the row then says only whether the runs agree with each other).
   VMs, from each worker's local tier). `tpupod restart` and rollouts take the same path but are
   an operator's doing, not faults: not injected.
 - `goodput-pinned`: the pinned mix, 2 notices, 2 kills, a crash and a hang in every 6 faults: a
-  run holds the whole mix only when it lasts >= 30 minutes at a fault per 5 minutes. `--steps`
-  sets that length: `tiny`'s step took ~53 ms on 2026-12-04's 2-core machine (36000 steps: ~33
-  min) and 90-95 ms on earlier sessions' (20000); each run's minutes, faults and step time are
-  in its row.
+  run holds the whole mix only when it lasts >= 30 minutes at a fault per 5 minutes.
 
-    uv run python -m bench goodput-survive --runs 3 --steps 20000  # 14000 --no-reference: 74 min
+`--steps` sets a run's length: `tiny`'s step took ~52 ms on the 2-core machines of 2026-12-04/05
+(26000 steps: ~23 min; 36000: ~33 min) and 90-95 ms on earlier sessions' (14000-20000); each
+run's minutes, faults and step time are in its row.
+
+    uv run python -m bench goodput-survive --runs 3 --steps 26000  # with the reference: ~1.6 h
     uv run python -m bench goodput-pinned --runs 3 --steps 36000 --no-reference  # ~1.7 h
 """
 

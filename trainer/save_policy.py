@@ -4,7 +4,9 @@ the manager never asks JAX about that step (trainer.save_start.QuietPreemptionMa
 
 The time-based decision (`checkpoint_every_seconds`, the job's max_loss_minutes) is a save
 when at least that long has passed since the last one, decided by process 0 and told to the
-others under the step's own key in the distributed client's key-value store.
+others under the step's own key in the distributed client's key-value store (one key a step:
+process 0 deletes them a block of BLOCK steps at a time, two blocks behind, so a long run does
+not grow the coordinator's store without end).
 
 Orbax's ContinuousCheckpointingPolicy does the same under a key numbered by a process-wide
 operation counter (OperationIdGenerator), which every save advances too. With a save started
@@ -23,6 +25,11 @@ import jax
 from orbax.checkpoint import checkpoint_managers as cm
 
 TIMEOUT_MS = 300_000  # Orbax's coordination timeout: process 0 is at most a step behind
+# Keys are grouped by step // BLOCK. A block is deleted once process 0 decides in the block two
+# after it: every process is then >= BLOCK steps past its last key (each step's collectives keep
+# the processes within a few steps of each other, and each reads its key before going on).
+BLOCK = 1000
+PREFIX = "tpupod/time-save"
 
 
 class AgreedTimePolicy:
@@ -37,6 +44,7 @@ class AgreedTimePolicy:
         # be due again (a second save, counted as deferred, with a false "saves cannot keep
         # up" warning).
         self.last_start: datetime.datetime | None = None
+        self.block: int | None = None  # the key block process 0 last wrote in
 
     def started(self) -> None:
         self.last_start = datetime.datetime.now(tz=datetime.UTC)
@@ -52,11 +60,25 @@ class AgreedTimePolicy:
             return self._due(step, previous_steps, context)
         from jax._src import distributed
 
-        client, key = distributed.global_state.client, f"tpupod/time-save/{step.step}"
+        client = distributed.global_state.client
         if jax.process_index() == 0:
-            client.key_value_set(key, str(int(self._due(step, previous_steps, context))),
-                                 allow_overwrite=True)  # fmt: skip
-        return client.blocking_key_value_get(key, TIMEOUT_MS) == "1"
+            due = self._due(step, previous_steps, context)
+            self.tell(client, step.step, due)
+            return due
+        return client.blocking_key_value_get(key(step.step), TIMEOUT_MS) == "1"
+
+    def tell(self, client, step: int, due: bool) -> None:
+        """Process 0's decision for `step`, for the others; the block two behind goes."""
+        client.key_value_set(key(step), str(int(due)), allow_overwrite=True)
+        block = step // BLOCK
+        if block != self.block:
+            self.block = block
+            if block >= 2:
+                client.key_value_delete(f"{PREFIX}/{block - 2}")  # a directory: all its keys
+
+
+def key(step: int) -> str:
+    return f"{PREFIX}/{step // BLOCK}/{step}"
 
 
 def time_policy(policy) -> AgreedTimePolicy | None:
