@@ -102,18 +102,35 @@ def _save(uri: str, executable) -> str | None:
         return _one_line(e)
 
 
-def compile_program(
-    lowered, devices, cache_uri: str | None, program: str = "train-step"
-) -> Compiled:
-    """The lowered program compiled, or every process's cached executable if all have one.
-    `program` names its entries: "train-step" on every start, "init" on a start with no
-    checkpoint to restore (a fresh state's random init compiles for seconds, like the step)."""
+@dataclass
+class Entry:
+    """A lowered program and this process's cached executable for it, if it had one."""
+
+    lowered: object  # jax.stages.Lowered
+    uri: str | None  # its entry (None: no cache)
+    executable: object | None  # the entry, loaded
+    why: str
+    load_s: float
+
+
+def load_entry(lowered, devices, cache_uri: str | None, program: str = "train-step") -> Entry:
+    """This process's entry for `lowered`, read and loaded. No collective: it may run on a
+    thread beside the restore (trainer.steps); `agree` then runs on the loop's thread."""
     if not cache_uri:
-        return Compiled(lowered.compile(), False, "cache off", 0.0)
+        return Entry(lowered, None, None, "cache off", 0.0)
     uri = entry_uri(cache_uri, entry_key(lowered, devices), program)
     t0 = time.perf_counter()
     loaded, why = _load(uri, lowered)
     load_s = time.perf_counter() - t0 if loaded is not None else 0.0
+    return Entry(lowered, uri, loaded, why, load_s)
+
+
+def agree(entry: Entry) -> Compiled:
+    """Every process's loaded entry if all have one (one all-gather, in the same place on every
+    process), else all compile fresh and each writes its entry."""
+    lowered, loaded, load_s = entry.lowered, entry.executable, entry.load_s
+    if entry.uri is None:
+        return Compiled(lowered.compile(), False, "cache off", 0.0)
     answers = _all_agree(loaded is not None)
     if all(answers):
         return Compiled(loaded, True, "every process loaded its entry", load_s)
@@ -122,7 +139,16 @@ def compile_program(
         missing = [i for i, ok in enumerate(answers) if not ok]
         return Compiled(executable, False, f"compiled (processes {missing} had no usable entry)",
                         load_s)  # fmt: skip
-    reason = f"process {jax.process_index()}: {why}"
-    if failed := _save(uri, executable):
+    reason = f"process {jax.process_index()}: {entry.why}"
+    if failed := _save(entry.uri, executable):
         reason += f"; entry not written: {failed}"
     return Compiled(executable, False, f"compiled ({reason})", load_s)
+
+
+def compile_program(
+    lowered, devices, cache_uri: str | None, program: str = "train-step"
+) -> Compiled:
+    """The lowered program compiled, or every process's cached executable if all have one.
+    `program` names its entries: "train-step" on every start, "init" on a start with no
+    checkpoint to restore (a fresh state's random init compiles for seconds, like the step)."""
+    return agree(load_entry(lowered, devices, cache_uri, program))

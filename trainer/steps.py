@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from tpupod_job.local_tier import LocalTier
 from contract.status import JobState
 from trainer import data
 from trainer.checkpoint import Checkpoints
-from trainer.compile_cache import compile_program
+from trainer.compile_cache import agree, compile_program, load_entry
 from trainer.config import Config, shape_signature
 from trainer.data_checkpoint import set_state
 from trainer.metrics import MetricsLog
@@ -74,16 +75,32 @@ def prepare(cfg: Config, workdir: str, hb: Heartbeat, explicit_vocab: bool,
         identity = {"process_index": jax.process_index(), "workdir": workdir,
                     "shapes": shape_signature(cfg), **checkpoints.meta}  # fmt: skip
         run.local = LocalTier.open(local_dir, cfg.local_checkpoint_every, identity)
-    restore_or_init(run, compile_cache, t_restore)
-    hb.update(state=JobState.COMPILING, step=run.step, restored_from=run.restored_from,
-              restored_tier=run.restored_tier,
-              last_checkpoint=checkpoints.committed)  # fmt: skip
-    t0 = time.perf_counter()
-    compiled = compile_program(setup.lower_train_step(), setup.mesh.devices.flat, compile_cache)
+    # 3a. The step is lowered and its cached executable read while the state restores: neither
+    # needs the other, and on a slice each takes seconds (a bucket's reads; tracing a large
+    # model). The thread runs no collective: the processes agree on this one, after the restore.
+    with ThreadPoolExecutor(1, thread_name_prefix="lower-step") as ahead:
+        lowering = ahead.submit(lower_ahead, setup, compile_cache)
+        restore_or_init(run, compile_cache, t_restore)
+        restored_at = time.time()
+        hb.update(state=JobState.COMPILING, step=run.step, restored_from=run.restored_from,
+                  restored_tier=run.restored_tier,
+                  last_checkpoint=checkpoints.committed)  # fmt: skip
+        t0 = time.perf_counter()  # `compiled` seconds: from the restore's end
+        entry, began, ready = lowering.result()
+        compiled = agree(entry)
     run.train_step, run.cache_hit = compiled.executable, compiled.hit
     log.event("compiled", seconds=round(time.perf_counter() - t0, 3), compile_cache_hit=run.cache_hit,
-              compile_cache=compiled.why, cache_load_s=round(compiled.load_s, 3))  # fmt: skip
+              compile_cache=compiled.why, cache_load_s=round(compiled.load_s, 3),
+              lowered_beside_restore_s=round(max(0.0, min(ready, restored_at) - began), 3))  # fmt: skip
     return run
+
+
+def lower_ahead(setup: Setup, compile_cache: str | None):
+    """3a, on its thread: the step lowered and this process's cache entry loaded, with when
+    that began and ended (the `compiled` event says how much of it ran beside the restore)."""
+    began = time.time()
+    entry = load_entry(setup.lower_train_step(), setup.mesh.devices.flat, compile_cache)
+    return entry, began, time.time()
 
 
 def set_up(cfg: Config, log: MetricsLog, explicit_vocab: bool):

@@ -62,6 +62,8 @@ def test_tiny_trains_deterministically(spawn, tmp_path):
     assert summary(tmp_path / "b")["params_fingerprint"] == s["params_fingerprint"]
     compiled = next(r for r in b.lines() if r.get("event") == "compiled")
     assert compiled["compile_cache_hit"] is True
+    # the step was lowered and its entry loaded on a thread while the state was made
+    assert compiled["lowered_beside_restore_s"] > 0
     first = next(r for r in b.lines() if r.get("step") == 1)
     assert first["peak_source"].startswith("measured:jnp.dot (cached ")
     assert first["peak_flops"] == last["peak_flops"]
