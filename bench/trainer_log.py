@@ -7,7 +7,7 @@ A trainer from before those times falls back to when the sampler saw a line (0.2
 from __future__ import annotations
 
 
-def _stamp(line: dict) -> float:
+def stamp(line: dict) -> float:
     """A log line's own `time`, else when the sampler first saw it (a trainer without times)."""
     return line["json"].get("time", line["t"])
 
@@ -32,10 +32,10 @@ def trainer_milestones(log: dict) -> dict[str, float]:
     if started:
         if started["json"].get("process_start"):
             m["process_start"] = started["json"]["process_start"]
-        m["started"] = _stamp(started)
+        m["started"] = stamp(started)
     if jax_init:
-        m["imported"] = _stamp(jax_init) - jax_init["json"].get("seconds", 0.0)
-        m["jax_initialized"] = _stamp(jax_init)
+        m["imported"] = stamp(jax_init) - jax_init["json"].get("seconds", 0.0)
+        m["jax_initialized"] = stamp(jax_init)
     if "setup" in log:
-        m["setup"] = _stamp(log["setup"])
+        m["setup"] = stamp(log["setup"])
     return m

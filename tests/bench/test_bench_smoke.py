@@ -167,6 +167,26 @@ def test_recovery_phases_split_trainer_start_by_its_own_times():
     assert "not separated: trainer launch, interpreter start" in rows[2].value
 
 
+def test_a_compiling_state_the_sampler_missed_is_read_from_the_trainers_restored_event():
+    rec = smoke.record(steps=300)
+    kill = recovery_bench.incidents(rec)[1]
+    restored_at = kill["milestones"]["restored"]  # its `compiling` status, as sampled
+    # a restore whose step came out of the cache at once: `compiling` lasted under one 0.2 s poll
+    rec.sampled["status"] = [
+        x for x in rec.sampled["status"]
+        if not (x["state"] == "compiling" and x["t"] > rec.injected[1]["time"])
+    ]  # fmt: skip
+    missed = recovery_bench.incidents(rec)[1]
+    assert missed["restored_from"] is None and missed["fault_to_first_step_s"] is None  # control
+    event = {"event": "restored", "time": restored_at, "step": 195, "tier": "persistent"}
+    rec.sampled["lines"].append({"t": restored_at + 0.1, "json": event})
+    rec.sampled["lines"].sort(key=lambda x: x["t"])
+    read = recovery_bench.incidents(rec)[1]
+    assert read["restored_from"] == 195 and read["tier"] == "persistent"
+    assert read["fault_to_first_step_s"] == pytest.approx(kill["fault_to_first_step_s"])
+    assert read["phases"]["restore"] == pytest.approx(kill["phases"]["restore"])
+
+
 def test_recovery_goal_is_judged_only_on_a_median_of_three():
     inc = recovery_bench.incidents(smoke.record(steps=300))[1]  # one kill
     total = inc["fault_to_first_step_s"]
