@@ -5,6 +5,7 @@ one line, and closing that reaps each IAP ProxyCommand."""
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import socket
 import subprocess
@@ -16,6 +17,13 @@ from paramiko import BadHostKeyException, Ed25519Key, RejectPolicy, SSHException
 from paramiko.proxy import ProxyCommand, ProxyCommandFailure
 
 from ops.cloud.slice import Worker
+
+# paramiko logs a failed handshake (a worker's sshd not up yet, a VM going away) at ERROR, with
+# its traceback, and with no handler configured Python prints that on stderr: tracebacks in the
+# middle of `tpupod watch` and `tpupod demo` for what is routine in a recovery. The failure
+# reaches the caller as an exception, said in one line (describe_error) and retried; the
+# NullHandler stops the last-resort print only (a program's own logging config still sees them).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class BoundedConnection(Connection):
