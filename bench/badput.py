@@ -4,7 +4,8 @@ The faulted run's wall time (first training step -> watch `done`) is split, by w
 processes (status.json changes and their start-up events), into:
   productive            stepping towards steps that were kept
   startup               process start -> `setup` (interpreter, imports, JAX init, mesh, data)
-  restore               `setup` -> status `compiling` (the checkpoint restore)
+  restore               `setup` -> status `compiling` (the checkpoint restore; its `restored`
+                        event when the sampler missed a short `compiling`)
   compile               `compiling` -> the first `training`
   checkpoint save       status `saving` (the loop blocked on a save, a save on notice included)
   lost progress         stepping towards steps a disruption threw away (past the next restore)
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from bench.trainer_log import trainer_events
+from bench.trainer_log import restore_end, trainer_events
 
 CATEGORIES = (
     "productive",
@@ -75,7 +76,7 @@ def breakdown(record, start: float, end: float, source: str = "job") -> dict[str
         started = log.get("started", {}).get("json", {})
         proc = started.get("process_start") or started.get("time") or seg[0]["heartbeat"]
         setup = log.get("setup", {}).get("json", {}).get("time")
-        compiling = next((s["heartbeat"] for s in seg if s["state"] == "compiling"), None)
+        compiling = (restore_end(seg, log) or {}).get("heartbeat")
         stepping = [s for s in seg if s["state"] in STEPPING]
         first = stepping[0]["heartbeat"] if stepping else None
         add("recovery / infra", previous_end, proc)

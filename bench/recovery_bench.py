@@ -30,7 +30,7 @@ from pathlib import Path
 from bench.podrun import RunRecord, run_on_pod
 from bench.report import Figure, median, spread
 from bench.steps_lost import Loss, goal_text, judge
-from bench.trainer_log import stamp, trainer_events, trainer_milestones
+from bench.trainer_log import restore_end, trainer_events, trainer_milestones
 
 STEPPING = {"training", "saving", "preempted", "done"}
 # milestone -> the phase that ends there
@@ -119,15 +119,8 @@ def _incident(record: RunRecord, fault: dict, t_end: float) -> dict:
     m.update(trainer_milestones(log))
     if new and "started" not in m:
         m["trainer_up"] = new[0]["heartbeat"]
-    compiling = _first(new, lambda s: s["state"] == "compiling")
+    compiling = restore_end(new, log)
     compiled = log.get("compiled")
-    # The sampler reads status.json every 0.2 s: a `compiling` shorter than that (the step
-    # lowered beside the restore, its cached executable ready) can go unseen. The trainer's own
-    # `restored` event says the same: when the restore ended, and from which step.
-    if compiling is None and "restored" in log:
-        done = log["restored"]["json"]
-        compiling = {"heartbeat": stamp(log["restored"]), "restored_from": done.get("step"),
-                     "restored_tier": done.get("tier")}  # fmt: skip
     restored_from = compiling["restored_from"] if compiling else None
     if compiling:
         m["restored"] = compiling["heartbeat"]

@@ -39,3 +39,16 @@ def trainer_milestones(log: dict) -> dict[str, float]:
     if "setup" in log:
         m["setup"] = stamp(log["setup"])
     return m
+
+
+def restore_end(statuses: list[dict], log: dict) -> dict | None:
+    """The status that ends one trainer's restore: its `compiling` ({heartbeat, restored_from,
+    restored_tier}). The sampler reads status.json every 0.2 s, and a `compiling` shorter than
+    that (the step lowered beside the restore, its cached executable ready) can go unseen: then
+    the trainer's own `restored` event says the same, by its own clock."""
+    compiling = next((s for s in statuses if s["state"] == "compiling"), None)
+    if compiling is None and "restored" in log:
+        done = log["restored"]["json"]
+        compiling = {"heartbeat": stamp(log["restored"]), "restored_from": done.get("step"),
+                     "restored_tier": done.get("tier")}  # fmt: skip
+    return compiling

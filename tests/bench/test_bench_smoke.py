@@ -171,6 +171,8 @@ def test_a_compiling_state_the_sampler_missed_is_read_from_the_trainers_restored
     rec = smoke.record(steps=300)
     kill = recovery_bench.incidents(rec)[1]
     restored_at = kill["milestones"]["restored"]  # its `compiling` status, as sampled
+    span = (rec.injected[0]["time"] - 60, rec.injected[1]["time"] + 60)
+    split = badput.breakdown(rec, *span)
     # a restore whose step came out of the cache at once: `compiling` lasted under one 0.2 s poll
     rec.sampled["status"] = [
         x for x in rec.sampled["status"]
@@ -178,6 +180,7 @@ def test_a_compiling_state_the_sampler_missed_is_read_from_the_trainers_restored
     ]  # fmt: skip
     missed = recovery_bench.incidents(rec)[1]
     assert missed["restored_from"] is None and missed["fault_to_first_step_s"] is None  # control
+    assert badput.breakdown(rec, *span)["restore"] < split["restore"]  # control: its time lost
     event = {"event": "restored", "time": restored_at, "step": 195, "tier": "persistent"}
     rec.sampled["lines"].append({"t": restored_at + 0.1, "json": event})
     rec.sampled["lines"].sort(key=lambda x: x["t"])
@@ -185,6 +188,7 @@ def test_a_compiling_state_the_sampler_missed_is_read_from_the_trainers_restored
     assert read["restored_from"] == 195 and read["tier"] == "persistent"
     assert read["fault_to_first_step_s"] == pytest.approx(kill["fault_to_first_step_s"])
     assert read["phases"]["restore"] == pytest.approx(kill["phases"]["restore"])
+    assert badput.breakdown(rec, *span) == pytest.approx(split)  # the same split of the wall
 
 
 def test_recovery_goal_is_judged_only_on_a_median_of_three():
