@@ -48,7 +48,7 @@ class Progress:
                 st.attempt = max(st.attempt, p.attempt)
             if (s := p.current(st.since)) is not None:
                 st.last_step = max(st.last_step, s.step)
-                self.committed(s.last_checkpoint)
+                self.committed(s.last_checkpoint, s.local_checkpoint)
         self._journal_fallbacks(probes)
         self._journal_progress(now)
         if st.incident is not None and not st.incident.phases:
@@ -61,12 +61,16 @@ class Progress:
         self.clock.observe(max(steps, default=None), now, self.state.since)
         return self.clock.limit()
 
-    def committed(self, step: int | None) -> None:
+    def committed(self, step: int | None, local: int | None = None) -> None:
         """A committed step newer than any seen before is progress: it ends a streak of failure
-        restarts (`committed` only grows, so it is newer than the last failure's too)."""
+        restarts (`committed` only grows, so it is newer than the last failure's too). So does a
+        newer step in the local tier (what a restart on the same VMs restores): a job that keeps
+        failing at the same step never writes a newer one, and its waits still grow."""
         st = self.state
         if step is not None and (st.committed is None or step > st.committed):
             st.committed, st.streak = step, 0
+        if local is not None and (st.local_committed is None or local > st.local_committed):
+            st.local_committed, st.streak = local, 0
 
     def _journal_progress(self, now: float) -> None:
         """A sample of the run's newest step, outside incidents, at most every `every` s."""

@@ -166,6 +166,36 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     assert watcher.restart_wait() == 0.0 and watcher.state.failures == 4
 
 
+def test_a_newer_local_tier_step_ends_the_streak_the_same_step_does_not(tmp_path):
+    """Restarts on the same VMs restore the local tier: a job that wrote a newer step there made
+    progress a restart keeps, and its next failure restarts at once (the recovery bench's hang,
+    30 steps after a crash, waited a second for a bucket commit it had no time to make). Control:
+    a job failing again before its local tier moves on keeps doubling its wait."""
+    spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
+    target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
+                    api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
+    watcher = Watcher(TpuProvider(target), Journal(tmp_path / "j.jsonl"),
+                      WatchConfig(max_failures=10))  # fmt: skip
+    watcher.state.since = 0.0
+
+    def reports(local):
+        status = JobStatus(step=local + 3, pid=7, last_checkpoint=100, local_checkpoint=local,
+                           updated=time.time())  # fmt: skip
+        watcher.progress.track([Probe(0, status=status)])
+
+    reports(120)
+    waits = []
+    for _ in range(3):
+        watcher.charge("crash")
+        waits.append(watcher.restart_wait())
+        reports(120)  # restored from 120 locally, failed again before writing 130
+    assert waits == [0.0, 2.0, 4.0]
+    reports(130)
+    watcher.charge("hang")
+    assert watcher.restart_wait() == 0.0
+    assert parse_status('{"step": 5, "local_checkpoint": 4}').local_checkpoint == 4
+
+
 @pytest.mark.parametrize(("kind", "failure", "stop"),
                          [("hang", True, 0), ("crash", True, 1), ("preemption", False, None)])  # fmt: skip
 def test_a_hung_job_is_killed_at_once_a_crashed_one_after_a_second(tmp_path, kind, failure, stop):
