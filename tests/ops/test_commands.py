@@ -218,7 +218,7 @@ def test_a_hung_job_is_killed_at_once_a_crashed_one_after_a_second(tmp_path, kin
     watcher.workers = lambda which=None: Group()
     inc = Incident(kind, "test", time.time(), 10, phase_since=time.time())
     actions.restart(watcher, inc, kind, failure=failure)
-    assert calls == [("stop", stop), ("clear-locks", None), ("start", None)]
+    assert calls == [("stop clear-locks", stop), ("start", None)]
 
 
 def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_another():
