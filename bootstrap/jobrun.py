@@ -26,10 +26,12 @@ directory and status file, attempt 1): the uninterrupted run `tpupod demo` compa
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -274,65 +276,100 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run(reference: str | None = None) -> int:
-    with open(path("job.json")) as f:
-        spec = json.load(f)
-    contract = read_env_file(path("job.env"))
-    with open(path("job.venv")) as f:
-        venv = f.read().strip()
-    attempt = 1
-    if reference is None:
-        try:
-            with open(path("job.attempt")) as f:
-                attempt = max(1, int(f.read().strip() or 1))
-        except (OSError, ValueError):
+class Attempt:
+    """One attempt's files and output, as `run` and a promoted standby both begin it."""
+
+    def __init__(self, reference: str | None = None):
+        with open(path("job.json")) as f:
+            self.spec = json.load(f)
+        self.contract = contract = read_env_file(path("job.env"))
+        with open(path("job.venv")) as f:
+            self.venv = f.read().strip()
+        self.reference, self.number = reference, 1
+        if reference is None:
+            self.number = current_attempt()
+        else:  # its own run: its own directories (bucket and local tier), status file and log
+            parent = contract["TPUPOD_RUN_DIR"].rsplit("/", 1)[0]
+            contract.update(TPUPOD_RUN_ID=reference, TPUPOD_RUN_DIR=f"{parent}/{reference}",
+                            TPUPOD_CHECKPOINT_DIR=layout.checkpoint_dir(f"{parent}/{reference}"),
+                            TPUPOD_LOCAL_CHECKPOINT_DIR=layout.local_checkpoint_dir(ROOT, reference),
+                            TPUPOD_STATUS_FILE=path("reference-status.json"))  # fmt: skip
+        self.job_dir = os.path.join(os.path.realpath(path("current")), "job")
+
+    def environment(self) -> dict:
+        return job_environment(self.spec, self.contract, self.venv, self.number)
+
+    def begin(self) -> Output:
+        """The attempt's log (created empty), its output follower and its first note; the status
+        file of an older attempt removed; SIGTERM noted in job.term from now on."""
+        name = "reference" if self.reference else "job"
+        worker = self.contract.get("TPUPOD_PROCESS_ID", "0")
+        log_uri = layout.attempt_log(self.contract["TPUPOD_RUN_DIR"], self.number, worker)
+        os.makedirs(path("logs"), exist_ok=True)
+        status = self.contract.get("TPUPOD_STATUS_FILE")
+        if status and os.path.exists(status):
+            os.unlink(status)  # an older attempt's progress is not this one's
+        self.log = path(layout.local_attempt_log(name, self.number))
+        with open(self.log, "wb"):
             pass
-    else:  # its own run: its own directories (bucket and local tier), status file and log
-        parent = contract["TPUPOD_RUN_DIR"].rsplit("/", 1)[0]
-        contract.update(TPUPOD_RUN_ID=reference, TPUPOD_RUN_DIR=f"{parent}/{reference}",
-                        TPUPOD_CHECKPOINT_DIR=layout.checkpoint_dir(f"{parent}/{reference}"),
-                        TPUPOD_LOCAL_CHECKPOINT_DIR=layout.local_checkpoint_dir(ROOT, reference),
-                        TPUPOD_STATUS_FILE=path("reference-status.json"))  # fmt: skip
-    name = "reference" if reference else "job"
-    worker = contract.get("TPUPOD_PROCESS_ID", "0")
-    log_uri = layout.attempt_log(contract["TPUPOD_RUN_DIR"], attempt, worker)
-    os.makedirs(path("logs"), exist_ok=True)
-    status = contract.get("TPUPOD_STATUS_FILE")
-    if status and os.path.exists(status):
-        os.unlink(status)  # an older attempt's progress is not this one's
-    attempt_log = path(layout.local_attempt_log(name, attempt))
-    with open(attempt_log, "wb"):
-        pass
-    regex = spec["progress"]["regex"] if isinstance(spec.get("progress"), dict) else None
-    output = Output(path(f"{name}.log"), attempt_log,
-                    lambda data: gcs_upload(contract, log_uri, data), regex, status)  # fmt: skip
+        spec = self.spec
+        regex = spec["progress"]["regex"] if isinstance(spec.get("progress"), dict) else None
+        output = Output(path(f"{name}.log"), self.log,
+                        lambda data: gcs_upload(self.contract, log_uri, data), regex,
+                        status)  # fmt: skip
+        self.termed = threading.Event()
 
-    termed = threading.Event()
+        def on_term(signum, frame) -> None:  # the group got it too: the job saves, then exits
+            if not self.termed.is_set() and self.reference is None:
+                write_atomic(path("job.term"), f"{time.time()}\n")
+            self.termed.set()
 
-    def on_term(signum, frame) -> None:  # the group got it too: the job saves, then exits
-        if not termed.is_set() and reference is None:
-            write_atomic(path("job.term"), f"{time.time()}\n")
-        termed.set()
+        signal.signal(signal.SIGTERM, on_term)
+        output.note(f"attempt {self.number} of run {self.contract.get('TPUPOD_RUN_ID')}: "
+                    f"{spec['run']}")  # fmt: skip
+        return output
 
-    signal.signal(signal.SIGTERM, on_term)
-    output.note(f"attempt {attempt} of run {contract.get('TPUPOD_RUN_ID')}: {spec['run']}")
+
+def current_attempt() -> int:
     try:
-        env = job_environment(spec, contract, venv, attempt)
-        env.update(secrets(spec, contract))
+        with open(path("job.attempt")) as f:
+            return max(1, int(f.read().strip() or 1))
+    except (OSError, ValueError):
+        return 1
+
+
+def run(reference: str | None = None) -> int:
+    attempt = Attempt(reference)
+    output = attempt.begin()
+    try:
+        env = attempt.environment()
+        env.update(secrets(attempt.spec, attempt.contract))
     except SystemExit as err:
         output.note(str(err))
         output.close()
         return finish(reference, 1)
-    job_dir = os.path.join(os.path.realpath(path("current")), "job")
-    with open(attempt_log, "ab") as out:  # O_APPEND: the job's writes and the notes interleave
-        child = subprocess.Popen(["bash", "-c", SHELL_PROLOGUE + spec["run"]], cwd=job_dir,
-                                 env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
+    with open(attempt.log, "ab") as out:  # O_APPEND: the job's writes and the notes interleave
+        child = subprocess.Popen(["bash", "-c", SHELL_PROLOGUE + attempt.spec["run"]],
+                                 cwd=attempt.job_dir, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     del env  # the secrets live on in the child's environment only
+    return supervise(attempt, output, child)
+
+
+def supervise(attempt: Attempt, output: Output, child) -> int:
+    """Follows the running job to its end: its output, the log's uploads, the bytecode
+    publisher and (a job that asks for one) the next attempt's standby after its first progress;
+    then its exit code in job.exit."""
+    spec, contract, venv, reference = (
+        attempt.spec,
+        attempt.contract,
+        attempt.venv,
+        attempt.reference,
+    )
     stop = threading.Event()
     uploads = threading.Thread(target=shipper, args=(output, stop), daemon=True)
     uploads.start()
-    publisher = None
+    publisher, standby = None, None
     while True:
         try:
             returncode = child.wait(timeout=FOLLOW_S)
@@ -340,12 +377,15 @@ def run(reference: str | None = None) -> int:
         except subprocess.TimeoutExpired:
             output.follow()
             if publisher is None and reference is None and progressed(output):
-                publisher = publish_bytecode(spec, contract, venv, attempt_log) or False
+                publisher = publish_bytecode(spec, contract, venv, attempt.log) or False
+                standby = start_standby(spec) or False
     code = exit_code(returncode)
-    output.note(f"job exited {code}" + (" after SIGTERM" if termed.is_set() else ""))
+    output.note(f"job exited {code}" + (" after SIGTERM" if attempt.termed.is_set() else ""))
     if publisher:
         publisher.kill()  # not done yet: the next start publishes
         publisher.wait()
+    if standby:
+        standby.wait()  # jobctl's `standby` only starts it (its own session) and returns
     stop.set()
     try:
         output.ship()
@@ -361,6 +401,143 @@ def finish(reference: str | None, code: int) -> int:
     return code
 
 
+# -- the standby (docs/proposals/standby-interpreter.md): the next attempt, parked ----------------
+STANDBY_JSON, STANDBY_GO, STANDBY_REFUSED = "standby.json", "standby.go", "standby.refused"
+# Who called jobctl, not what the job runs with: these may differ between the parked
+# environment and the attempt's (TPUPOD_ATTEMPT is the go's to set).
+NOISE = {"_", "SHLVL", "PWD", "OLDPWD", "INVOCATION_ID", "JOURNAL_STREAM", "TPUPOD_ATTEMPT",
+         "TPUPOD_STOP_TIMEOUT", "TPUPOD_KEEP_STANDBY"}  # fmt: skip
+NOISE_PREFIXES = ("SUDO_", "SSH_", "MD_", "BASH_FUNC_")
+OWN = ("TPUPOD_STANDBY_FD", "TPUPOD_STANDBY_PRELOAD", "TPUPOD_STANDBY_PREPARE")
+
+
+def have_systemd() -> bool:
+    return os.path.isdir("/run/systemd/system")
+
+
+def start_standby(spec: dict):
+    """After the job's first progress: `jobctl standby` in a session of its own (a stop of
+    this job's group leaves it), for a job that asks for one; not yet under systemd."""
+    if not spec.get("standby") or have_systemd():
+        return None
+    jobctl = os.path.join(os.path.realpath(path("current")), "bootstrap", "jobctl.sh")
+    return subprocess.Popen(["bash", jobctl, "standby"], env={**os.environ, "TPUPOD_ROOT": ROOT},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
+def standby_key() -> list:
+    """What a parked attempt was made from: the bundle and the bootstrap's files."""
+    files = []
+    for name in ("job.json", "job.env", "job.venv"):
+        with open(path(name), "rb") as f:
+            files.append(base64.b64encode(f.read()).decode())
+    return [os.path.realpath(path("current")), *files]
+
+
+def differing(parked: dict, wanted: dict) -> list[str]:
+    """The names (never the values) whose value differs, noise aside."""
+    names = (parked.keys() | wanted.keys()) - NOISE - set(OWN)
+    return sorted(n for n in names
+                  if not n.startswith(NOISE_PREFIXES) and parked.get(n) != wanted.get(n))  # fmt: skip
+
+
+def park() -> int:
+    """`jobrun.py standby`: the job's next attempt, its imports done, waiting for `jobctl
+    start` (SIGUSR1 and standby.go); promoted, this launcher supervises it as `run` would."""
+    attempt = Attempt()
+    standby = attempt.spec.get("standby")
+    if not standby or attempt.spec.get("secrets"):
+        return 0
+    attempt.number = current_attempt() + 1  # a guess: the go sets the real one
+    parked, key = attempt.environment(), standby_key()
+    ours, theirs = socket.socketpair()
+    env = {**parked, "TPUPOD_STANDBY_FD": str(theirs.fileno()),
+           "TPUPOD_STANDBY_PRELOAD": ",".join(standby.get("preload") or ()),
+           "TPUPOD_STANDBY_PREPARE": standby.get("prepare") or ""}  # fmt: skip
+    os.makedirs(path("logs"), exist_ok=True)
+    with open(path("logs/standby.log"), "ab") as log:
+        child = subprocess.Popen([os.path.join(attempt.venv, "bin", "python"), "-m",
+                                  "tpupod_job.standby"], cwd=attempt.job_dir, env=env,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 pass_fds=(theirs.fileno(),), preexec_fn=_lowest)  # fmt: skip
+    theirs.close()
+    promoted = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda signum, frame: promoted.set())
+    if not ours.makefile("rb").readline():  # the preload failed: its log says why
+        return child.wait()
+    write_atomic(path(STANDBY_JSON), json.dumps({"pid": os.getpid(), "child": child.pid}))
+    while not promoted.wait(0.1):
+        if child.poll() is not None:
+            _discard(child)
+            return 1
+    why = _refusal(parked, key)
+    if why:
+        write_atomic(path(STANDBY_REFUSED), f"{why}\n")
+        _discard(child)
+        return 0
+    attempt = Attempt()  # as a cold start reads it now (the key says it is unchanged)
+    wanted = attempt.environment()
+    output = attempt.begin()
+    write_atomic(path("job.pid"), f"{os.getpid()}\n")
+    _renice(child.pid)
+    go = {"base": env, "env": wanted, "log": attempt.log, "args": list(_runline().args),
+          "module": _runline().module, "script": _runline().script}  # fmt: skip
+    ours.sendall(json.dumps({"go": go}).encode() + b"\n")
+    output.note(f"promoted the standby (pid {child.pid}): its imports done")
+    os.unlink(path(STANDBY_JSON))
+    return supervise(attempt, output, child)
+
+
+def _runline():
+    from contract import runline
+
+    with open(path("job.json")) as f:
+        return runline.parse(json.load(f)["run"])
+
+
+def _refusal(parked: dict, key: list) -> str | None:
+    """Why the parked attempt cannot be this start's (None: it can): the environment of the
+    `jobctl start` that promotes it (standby.go) is the one a cold start would run with."""
+    try:
+        with open(path(STANDBY_GO), "rb") as f:
+            raw = f.read()
+        os.unlink(path(STANDBY_GO))
+    except OSError as err:
+        return f"no {STANDBY_GO} ({err})"
+    caller = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    os.environ.clear()
+    os.environ.update({k.decode(): v.decode() for k, v in caller.items()})
+    if standby_key() != key:
+        return "the bundle or the bootstrap's files changed since it parked"
+    names = differing(parked, Attempt().environment())
+    return f"the environment differs in {', '.join(names)}" if names else None
+
+
+def _discard(child) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+    child.wait()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path(STANDBY_JSON))
+
+
+def _lowest() -> None:
+    """The parked imports at the lowest priority, where it can be undone (root only)."""
+    if os.geteuid() == 0:
+        os.nice(19)
+
+
+def _renice(pid: int) -> None:
+    if os.geteuid() != 0:
+        return
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, int(task), 0)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["standby"]:
+        sys.exit(park())
     sys.exit(run(args[1] if args[:1] == ["reference"] and len(args) == 2 else None))
