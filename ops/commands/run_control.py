@@ -41,7 +41,12 @@ def restart_job(group: WorkerGroup, console: Console, start: bool = True) -> int
     try:
         for verb in verbs:
             began = time.time()
-            group.jobctl(verb, timeout=900.0, attempt=attempt if verb == "start" else None)
+            group.jobctl(
+                verb,
+                timeout=900.0,
+                attempt=attempt if verb == "start" else None,
+                keep_standby=start,
+            )  # a restart's stop keeps the parked attempt
             label = verb.replace(" ", " + ")  # "stop + clear-locks": one round trip
             console.print(f"{label:<12} every worker ({time.time() - began:.1f}s)")
     except WorkerError as err:

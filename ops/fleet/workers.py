@@ -180,16 +180,21 @@ class WorkerGroup:
         timeout: float | None = None,
         stop_timeout: float | None = None,
         attempt: int | None = None,
+        keep_standby: bool = False,
     ) -> dict[int, Outcome]:
         """As root (the job's unit is root's); `verb`: one, or several in turn ("stop
         clear-locks": one round trip, each worker's next verb only after its last succeeded);
         `stop_timeout`: seconds from SIGTERM to SIGKILL (default: the job's grace_s; a hung job
-        never saves); `attempt`: the attempt `start` begins. A refused sudo is one line naming
-        the fix."""
+        never saves); `attempt`: the attempt `start` begins; `keep_standby`: a stop that a start
+        of the same bundle follows keeps the parked next attempt (a job with `standby:`). A
+        refused sudo is one line naming the fix."""
         command = " && ".join(
             jobctl_command(
-                v, stop_timeout if v == "stop" else None, attempt if v == "start" else None
-            )
+                v,
+                stop_timeout if v == "stop" else None,
+                attempt if v == "start" else None,
+                keep_standby=keep_standby and v == "stop",
+            )  # fmt: skip
             for v in verb.split()
         )
         outcomes = self.run(command, timeout=timeout)
@@ -204,7 +209,7 @@ class WorkerGroup:
         """Stop and clear stale locks on every worker, then start everywhere: no worker may
         start while another still holds the old job's coordinator or TPU."""
         self.jobctl(STOP_AND_CLEAR, timeout=(stop_timeout or 600.0) + 60.0,
-                    stop_timeout=stop_timeout)  # fmt: skip
+                    stop_timeout=stop_timeout, keep_standby=True)  # fmt: skip
         self.jobctl("start", attempt=attempt)
 
     def roll_out(self, timeout: float, before_start: Callable[[], None] | None = None) -> None:
@@ -230,9 +235,11 @@ class WorkerGroup:
         return {i: (o.stdout if o.ok else None) for i, o in outcomes.items()}
 
 
-def jobctl_command(verb: str, stop_timeout: float | None = None, attempt: int | None = None) -> str:
+def jobctl_command(verb: str, stop_timeout: float | None = None, attempt: int | None = None,
+                   keep_standby: bool = False) -> str:  # fmt: skip
     env = f"TPUPOD_STOP_TIMEOUT={int(stop_timeout)} " if stop_timeout is not None else ""
     env += f"TPUPOD_ATTEMPT={int(attempt)} " if attempt is not None else ""
+    env += "TPUPOD_KEEP_STANDBY=1 " if keep_standby else ""
     return SUDO_JOBCTL.format(root=ROOT, env=env, verb=verb)
 
 

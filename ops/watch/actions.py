@@ -108,7 +108,7 @@ def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> 
         if failure:
             hung = inc.kind == "hang"
             stop = w.config.hang_stop_timeout if hung else w.config.failure_stop_timeout
-        group.jobctl(STOP_AND_CLEAR, timeout=None, stop_timeout=stop)
+        group.jobctl(STOP_AND_CLEAR, timeout=None, stop_timeout=stop, keep_standby=True)
         w.restarted_now()
         group.jobctl("start", attempt=attempt)
     except WorkerError as err:

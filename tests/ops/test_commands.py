@@ -212,13 +212,13 @@ def test_a_hung_job_is_killed_at_once_a_crashed_one_after_a_second(tmp_path, kin
     calls = []
 
     class Group:
-        def jobctl(self, verb, timeout=None, stop_timeout=None, attempt=None):
-            calls.append((verb, stop_timeout))
+        def jobctl(self, verb, timeout=None, stop_timeout=None, attempt=None, keep_standby=False):
+            calls.append((verb, stop_timeout, keep_standby))
 
     watcher.workers = lambda which=None: Group()
     inc = Incident(kind, "test", time.time(), 10, phase_since=time.time())
     actions.restart(watcher, inc, kind, failure=failure)
-    assert calls == [("stop clear-locks", stop), ("start", None)]
+    assert calls == [("stop clear-locks", stop, True), ("start", None, False)]
 
 
 def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_another():
