@@ -34,6 +34,23 @@ ROOT_PHYSICAL="$(cd "$ROOT" 2>/dev/null && pwd -P || echo "$ROOT")"
 
 have_systemd() { [ -d /run/systemd/system ]; }
 
+# The launcher's environment without systemd, as a unit's is with it: the same whoever starts
+# the job (the startup script at boot, ops over SSH, sudo), so a job never depends on its
+# caller's variables and a parked attempt's environment is the next start's. The job's own
+# variables come from job.env (the contract) and its spec, as under systemd.
+SYSTEM_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+launch_env() {
+  local name
+  printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH" \
+    "HOME=$(getent passwd "$(id -u)" | cut -d: -f6)"
+  # The machine's locale, trust and proxies (what its image or the local pod gives every
+  # process), and systemd's own marks where a unit calls this (the launcher echoes to the journal).
+  for name in LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_PROXY NO_PROXY \
+    https_proxy http_proxy no_proxy INVOCATION_ID JOURNAL_STREAM; do
+    if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
+  done
+}
+
 # Pids in process group $1 whose working directory is in one of our bundles: our job.
 our_group_members() {
   local member
@@ -115,7 +132,9 @@ promote_standby() {
   rm -f "$ROOT/standby.refused"
   # The environment as a cold launcher would start with it: read by the same interpreter, so
   # its own start-up changes (the C locale's coercion to C.UTF-8) are in it too.
-  (umask 077 && "$ROOT/current/.venv/bin/python" -I -S -c \
+  local clean
+  mapfile -d '' -t clean < <(launch_env)
+  (umask 077 && env -i "${clean[@]}" "$ROOT/current/.venv/bin/python" -I -S -c \
     'import os, sys; sys.stdout.buffer.write(b"\0".join(k + b"=" + v for k, v in os.environb.items()))' \
     >"$ROOT/standby.go.tmp") && mv "$ROOT/standby.go.tmp" "$ROOT/standby.go"
   kill -USR1 "$pid" 2>/dev/null || return 1
@@ -149,7 +168,10 @@ cmd_standby() {
     echo "standby already parked (pid $pid)"
     return 0
   fi
-  setsid bash "$ROOT/current/bootstrap/jobctl.sh" __standby </dev/null >>"$ROOT/logs/standby.log" 2>&1 &
+  local clean
+  mapfile -d '' -t clean < <(launch_env)
+  setsid env -i "${clean[@]}" bash "$ROOT/current/bootstrap/jobctl.sh" __standby \
+    </dev/null >>"$ROOT/logs/standby.log" 2>&1 &
   echo "standby starting"
 }
 
@@ -186,7 +208,10 @@ cmd_start() {
     systemctl start "$UNIT"
   else
     # Own session and process group, detached from our stdio; the wrapper writes its pid.
-    setsid bash "$ROOT/current/bootstrap/jobctl.sh" __run </dev/null >>"$LOGFILE" 2>&1 &
+    local clean
+    mapfile -d '' -t clean < <(launch_env)
+    setsid env -i "${clean[@]}" bash "$ROOT/current/bootstrap/jobctl.sh" __run \
+      </dev/null >>"$LOGFILE" 2>&1 &
   fi
   for _ in $(seq 100); do
     if pid=$(job_pid); then
