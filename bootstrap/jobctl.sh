@@ -41,11 +41,11 @@ have_systemd() { [ -d /run/systemd/system ]; }
 SYSTEM_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 launch_env() {
   local name
-  printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH" \
-    "HOME=$(getent passwd "$(id -u)" | cut -d: -f6)"
-  # The machine's locale, trust and proxies (what its image or the local pod gives every
-  # process), and systemd's own marks where a unit calls this (the launcher echoes to the journal).
-  for name in LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_PROXY NO_PROXY \
+  printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH"
+  # The machine's home, locale, trust and proxies (what its image or the local pod gives every
+  # process: a local worker's HOME is its own), and systemd's own marks where a unit calls this
+  # (the launcher echoes to the journal).
+  for name in HOME LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_PROXY NO_PROXY \
     https_proxy http_proxy no_proxy INVOCATION_ID JOURNAL_STREAM; do
     if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
   done
