@@ -140,9 +140,12 @@ def test_watch_journals_a_checkpoint_fallback_once_per_trainer(tmp_path):
     assert events[0]["set_aside"] == [12]
 
 
-def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
-    """The first failure restart goes at once; another before a newer checkpoint doubles the wait;
-    a newer committed step ends the streak."""
+@pytest.mark.parametrize("tier", ["bucket", "local"])
+def test_only_a_crash_loop_waits_before_its_restart(tmp_path, tier):
+    """The first failure restart goes at once; another before a newer checkpoint doubles the
+    wait; a newer committed step ends the streak: in the bucket, or in the local tier, which a
+    restart on the same VMs restores (the recovery bench's hang, 30 steps after a crash, waited
+    a second for a bucket commit it had no time to make). The same step again keeps doubling."""
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
                     api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
@@ -151,48 +154,21 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     watcher.state.since = 0.0
 
     def commits(step):
-        status = JobStatus(step=step + 3, pid=7, last_checkpoint=step, updated=time.time())
+        steps = {"last_checkpoint": step} if tier == "bucket" else {
+            "last_checkpoint": 100, "local_checkpoint": step}  # fmt: skip
+        status = JobStatus(step=step + 3, pid=7, updated=time.time(), **steps)
         watcher.progress.track([Probe(0, status=status)])
 
-    commits(100)
+    commits(120)
     waits = []
     for _ in range(3):
         watcher.charge("crash")
         waits.append(watcher.restart_wait())
-        commits(100)  # restored, but nothing newer committed
+        commits(120)  # restored, but nothing newer committed
     assert waits == [0.0, 2.0, 4.0]
     commits(200)
-    watcher.charge("crash")
-    assert watcher.restart_wait() == 0.0 and watcher.state.failures == 4
-
-
-def test_a_newer_local_tier_step_ends_the_streak_the_same_step_does_not(tmp_path):
-    """Restarts on the same VMs restore the local tier: a job that wrote a newer step there made
-    progress a restart keeps, and its next failure restarts at once (the recovery bench's hang,
-    30 steps after a crash, waited a second for a bucket commit it had no time to make). Control:
-    a job failing again before its local tier moves on keeps doubling its wait."""
-    spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
-    target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
-                    api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
-    watcher = Watcher(TpuProvider(target), Journal(tmp_path / "j.jsonl"),
-                      WatchConfig(max_failures=10))  # fmt: skip
-    watcher.state.since = 0.0
-
-    def reports(local):
-        status = JobStatus(step=local + 3, pid=7, last_checkpoint=100, local_checkpoint=local,
-                           updated=time.time())  # fmt: skip
-        watcher.progress.track([Probe(0, status=status)])
-
-    reports(120)
-    waits = []
-    for _ in range(3):
-        watcher.charge("crash")
-        waits.append(watcher.restart_wait())
-        reports(120)  # restored from 120 locally, failed again before writing 130
-    assert waits == [0.0, 2.0, 4.0]
-    reports(130)
     watcher.charge("hang")
-    assert watcher.restart_wait() == 0.0
+    assert watcher.restart_wait() == 0.0 and watcher.state.failures == 4
     assert parse_status('{"step": 5, "local_checkpoint": 4}').local_checkpoint == 4
 
 
