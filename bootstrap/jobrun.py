@@ -26,12 +26,10 @@ directory and status file, attempt 1): the uninterrupted run `tpupod demo` compa
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -401,16 +399,7 @@ def finish(reference: str | None, code: int) -> int:
     return code
 
 
-# -- the standby (docs/proposals/standby-interpreter.md): the next attempt, parked ----------------
-STANDBY_JSON, STANDBY_GO, STANDBY_REFUSED = "standby.json", "standby.go", "standby.refused"
-# Who called jobctl, not what the job runs with: these may differ between the parked
-# environment and the attempt's (TPUPOD_ATTEMPT is the go's to set).
-NOISE = {"_", "SHLVL", "PWD", "OLDPWD", "INVOCATION_ID", "JOURNAL_STREAM", "TPUPOD_ATTEMPT",
-         "TPUPOD_STOP_TIMEOUT", "TPUPOD_KEEP_STANDBY"}  # fmt: skip
-NOISE_PREFIXES = ("SUDO_", "SSH_", "MD_", "BASH_FUNC_")
-OWN = ("TPUPOD_STANDBY_FD", "TPUPOD_STANDBY_PRELOAD", "TPUPOD_STANDBY_PREPARE")
-
-
+# -- the standby (docs/proposals/standby-interpreter.md; its parked side: jobrun_standby.py) ---
 def have_systemd() -> bool:
     return os.path.isdir("/run/systemd/system")
 
@@ -426,118 +415,10 @@ def start_standby(spec: dict):
                             stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
 
 
-def standby_key() -> list:
-    """What a parked attempt was made from: the bundle and the bootstrap's files."""
-    files = []
-    for name in ("job.json", "job.env", "job.venv"):
-        with open(path(name), "rb") as f:
-            files.append(base64.b64encode(f.read()).decode())
-    return [os.path.realpath(path("current")), *files]
-
-
-def differing(parked: dict, wanted: dict) -> list[str]:
-    """The names (never the values) whose value differs, noise aside."""
-    names = (parked.keys() | wanted.keys()) - NOISE - set(OWN)
-    return sorted(n for n in names
-                  if not n.startswith(NOISE_PREFIXES) and parked.get(n) != wanted.get(n))  # fmt: skip
-
-
-def park() -> int:
-    """`jobrun.py standby`: the job's next attempt, its imports done, waiting for `jobctl
-    start` (SIGUSR1 and standby.go); promoted, this launcher supervises it as `run` would."""
-    attempt = Attempt()
-    standby = attempt.spec.get("standby")
-    if not standby or attempt.spec.get("secrets"):
-        return 0
-    attempt.number = current_attempt() + 1  # a guess: the go sets the real one
-    parked, key = attempt.environment(), standby_key()
-    ours, theirs = socket.socketpair()
-    env = {**parked, "TPUPOD_STANDBY_FD": str(theirs.fileno()),
-           "TPUPOD_STANDBY_PRELOAD": ",".join(standby.get("preload") or ()),
-           "TPUPOD_STANDBY_PREPARE": standby.get("prepare") or ""}  # fmt: skip
-    os.makedirs(path("logs"), exist_ok=True)
-    with open(path("logs/standby.log"), "ab") as log:
-        child = subprocess.Popen([os.path.join(attempt.venv, "bin", "python"), "-m",
-                                  "tpupod_job.standby"], cwd=attempt.job_dir, env=env,
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 pass_fds=(theirs.fileno(),), preexec_fn=_lowest)  # fmt: skip
-    theirs.close()
-    promoted = threading.Event()
-    signal.signal(signal.SIGUSR1, lambda signum, frame: promoted.set())
-    if not ours.makefile("rb").readline():  # the preload failed: its log says why
-        return child.wait()
-    write_atomic(path(STANDBY_JSON), json.dumps({"pid": os.getpid(), "child": child.pid}))
-    while not promoted.wait(0.1):
-        if child.poll() is not None:
-            _discard(child)
-            return 1
-    why = _refusal(parked, key)
-    if why:
-        write_atomic(path(STANDBY_REFUSED), f"{why}\n")
-        _discard(child)
-        return 0
-    attempt = Attempt()  # as a cold start reads it now (the key says it is unchanged)
-    wanted = attempt.environment()
-    output = attempt.begin()
-    write_atomic(path("job.pid"), f"{os.getpid()}\n")
-    _renice(child.pid)
-    go = {"base": env, "env": wanted, "log": attempt.log, "args": list(_runline().args),
-          "module": _runline().module, "script": _runline().script}  # fmt: skip
-    ours.sendall(json.dumps({"go": go}).encode() + b"\n")
-    output.note(f"promoted the standby (pid {child.pid}): its imports done")
-    os.unlink(path(STANDBY_JSON))
-    return supervise(attempt, output, child)
-
-
-def _runline():
-    from contract import runline
-
-    with open(path("job.json")) as f:
-        return runline.parse(json.load(f)["run"])
-
-
-def _refusal(parked: dict, key: list) -> str | None:
-    """Why the parked attempt cannot be this start's (None: it can): the environment of the
-    `jobctl start` that promotes it (standby.go) is the one a cold start would run with."""
-    try:
-        with open(path(STANDBY_GO), "rb") as f:
-            raw = f.read()
-        os.unlink(path(STANDBY_GO))
-    except OSError as err:
-        return f"no {STANDBY_GO} ({err})"
-    caller = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    os.environ.clear()
-    os.environ.update({k.decode(): v.decode() for k, v in caller.items()})
-    if standby_key() != key:
-        return "the bundle or the bootstrap's files changed since it parked"
-    names = differing(parked, Attempt().environment())
-    return f"the environment differs in {', '.join(names)}" if names else None
-
-
-def _discard(child) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        child.kill()
-    child.wait()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path(STANDBY_JSON))
-
-
-def _lowest() -> None:
-    """The parked imports at the lowest priority, where it can be undone (root only)."""
-    if os.geteuid() == 0:
-        os.nice(19)
-
-
-def _renice(pid: int) -> None:
-    if os.geteuid() != 0:
-        return
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, int(task), 0)
-
-
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["standby"]:
-        sys.exit(park())
+        from bootstrap import jobrun_standby
+
+        sys.exit(jobrun_standby.park(sys.modules[__name__]))
     sys.exit(run(args[1] if args[:1] == ["reference"] and len(args) == 2 else None))
