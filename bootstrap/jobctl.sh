@@ -34,6 +34,23 @@ ROOT_PHYSICAL="$(cd "$ROOT" 2>/dev/null && pwd -P || echo "$ROOT")"
 
 have_systemd() { [ -d /run/systemd/system ]; }
 
+# The launcher's environment without systemd, as a unit's is with it: the same whoever starts
+# the job (the startup script at boot, ops over SSH, sudo), so a job never depends on its
+# caller's variables and a parked attempt's environment is the next start's. The job's own
+# variables come from job.env (the contract) and its spec, as under systemd.
+SYSTEM_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+launch_env() {
+  local name
+  printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH"
+  # The machine's home, locale, trust and proxies (what its image or the local pod gives every
+  # process: a local worker's HOME is its own), and systemd's own marks where a unit calls this
+  # (the launcher echoes to the journal).
+  for name in HOME LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_PROXY NO_PROXY \
+    https_proxy http_proxy no_proxy INVOCATION_ID JOURNAL_STREAM; do
+    if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
+  done
+}
+
 # Pids in process group $1 whose working directory is in one of our bundles: our job.
 our_group_members() {
   local member
@@ -97,6 +114,72 @@ install_unit() {
   fi
 }
 
+# The parked next attempt (jobrun.py standby, its own session), or nothing: standby.json's pid
+# counts only while it is that launcher (pids are reused).
+standby_pid() {
+  local pid cmdline
+  pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$ROOT/standby.json" 2>/dev/null) || return 1
+  [ -n "$pid" ] || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ "$cmdline" == *"bootstrap/jobrun.py standby"* ]] && echo "$pid"
+}
+
+# Promotes the parked attempt: this call's environment to standby.go, SIGUSR1 to its launcher,
+# which checks it and takes job.pid, or says why not in standby.refused (then: a cold start).
+promote_standby() {
+  local pid
+  pid=$(standby_pid) || return 1
+  rm -f "$ROOT/standby.refused"
+  # The environment as a cold launcher would start with it: read by the same interpreter, so
+  # its own start-up changes (the C locale's coercion to C.UTF-8) are in it too.
+  local clean
+  mapfile -d '' -t clean < <(launch_env)
+  (umask 077 && env -i "${clean[@]}" "$ROOT/current/.venv/bin/python" -I -S -c \
+    'import os, sys; sys.stdout.buffer.write(b"\0".join(k + b"=" + v for k, v in os.environb.items()))' \
+    >"$ROOT/standby.go.tmp") && mv "$ROOT/standby.go.tmp" "$ROOT/standby.go"
+  kill -USR1 "$pid" 2>/dev/null || return 1
+  for _ in $(seq 100); do
+    if job_pid >/dev/null; then return 0; fi
+    if [ -f "$ROOT/standby.refused" ]; then
+      echo "standby refused: $(cat "$ROOT/standby.refused")" >&2
+      discard_standby "$pid"
+      return 1
+    fi
+    sleep 0.02
+  done
+  discard_standby "$pid"
+  return 1
+}
+
+discard_standby() {
+  local pid="${1:-}"
+  [ -n "$pid" ] || pid=$(standby_pid) || return 0
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$ROOT/standby.json" "$ROOT/standby.go"
+}
+
+cmd_standby() {
+  local pid
+  if have_systemd; then
+    echo "standby: not under systemd yet (needs its own unit slot)"
+    return 0
+  fi
+  if pid=$(standby_pid); then
+    echo "standby already parked (pid $pid)"
+    return 0
+  fi
+  local clean
+  mapfile -d '' -t clean < <(launch_env)
+  setsid env -i "${clean[@]}" bash "$ROOT/current/bootstrap/jobctl.sh" __standby \
+    </dev/null >>"$ROOT/logs/standby.log" 2>&1 &
+  echo "standby starting"
+}
+
+cmd_park() {
+  cd -P "$ROOT/current"
+  exec .venv/bin/python -I -S bootstrap/jobrun.py standby
+}
+
 cmd_start() {
   local pid
   if pid=$(job_pid); then
@@ -117,12 +200,18 @@ cmd_start() {
   # The previous attempt's exit code stays readable (tpupod status) until this one exits.
   if [ -f "$EXITFILE" ]; then mv -f "$EXITFILE" "$ROOT/job.last-exit"; fi
   rm -f "$PIDFILE" "$ROOT/job.term"
-  if have_systemd; then
+  if promote_standby; then
+    echo "job started (pid $(job_pid), attempt $(cat "$ATTEMPTFILE" 2>/dev/null || echo 1)): the standby"
+    return 0
+  elif have_systemd; then
     install_unit
     systemctl start "$UNIT"
   else
     # Own session and process group, detached from our stdio; the wrapper writes its pid.
-    setsid bash "$ROOT/current/bootstrap/jobctl.sh" __run </dev/null >>"$LOGFILE" 2>&1 &
+    local clean
+    mapfile -d '' -t clean < <(launch_env)
+    setsid env -i "${clean[@]}" bash "$ROOT/current/bootstrap/jobctl.sh" __run \
+      </dev/null >>"$LOGFILE" 2>&1 &
   fi
   for _ in $(seq 100); do
     if pid=$(job_pid); then
@@ -145,6 +234,7 @@ cmd_stop() {
   local pid waited=0 killed=""
   if ! pid=$(job_pid); then
     if have_systemd; then systemctl stop "$UNIT" || true; fi
+    [ "${TPUPOD_KEEP_STANDBY:-}" = 1 ] || discard_standby
     echo "job not running"
     return 0
   fi
@@ -168,6 +258,8 @@ cmd_stop() {
     systemctl stop "$UNIT" || true # nothing left in it: settles the unit's state at once
   fi
   echo "job stopped (exit code $(cat "$EXITFILE" 2>/dev/null || echo unknown))"
+  # A restart's stop keeps the parked next attempt; any other stop discards it.
+  [ "${TPUPOD_KEEP_STANDBY:-}" = 1 ] || discard_standby
 }
 
 cmd_clear_locks() {
@@ -198,6 +290,8 @@ clear-locks) cmd_clear_locks ;;
 status) cmd_status ;;
 bundle) cmd_bundle ;;
 __run) cmd_run ;;
+standby) cmd_standby ;;
+__standby) cmd_park ;;
 *)
   echo "usage: $0 start|stop|clear-locks|status|bundle" >&2
   exit 2

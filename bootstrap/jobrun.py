@@ -274,65 +274,100 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run(reference: str | None = None) -> int:
-    with open(path("job.json")) as f:
-        spec = json.load(f)
-    contract = read_env_file(path("job.env"))
-    with open(path("job.venv")) as f:
-        venv = f.read().strip()
-    attempt = 1
-    if reference is None:
-        try:
-            with open(path("job.attempt")) as f:
-                attempt = max(1, int(f.read().strip() or 1))
-        except (OSError, ValueError):
+class Attempt:
+    """One attempt's files and output, as `run` and a promoted standby both begin it."""
+
+    def __init__(self, reference: str | None = None):
+        with open(path("job.json")) as f:
+            self.spec = json.load(f)
+        self.contract = contract = read_env_file(path("job.env"))
+        with open(path("job.venv")) as f:
+            self.venv = f.read().strip()
+        self.reference, self.number = reference, 1
+        if reference is None:
+            self.number = current_attempt()
+        else:  # its own run: its own directories (bucket and local tier), status file and log
+            parent = contract["TPUPOD_RUN_DIR"].rsplit("/", 1)[0]
+            contract.update(TPUPOD_RUN_ID=reference, TPUPOD_RUN_DIR=f"{parent}/{reference}",
+                            TPUPOD_CHECKPOINT_DIR=layout.checkpoint_dir(f"{parent}/{reference}"),
+                            TPUPOD_LOCAL_CHECKPOINT_DIR=layout.local_checkpoint_dir(ROOT, reference),
+                            TPUPOD_STATUS_FILE=path("reference-status.json"))  # fmt: skip
+        self.job_dir = os.path.join(os.path.realpath(path("current")), "job")
+
+    def environment(self) -> dict:
+        return job_environment(self.spec, self.contract, self.venv, self.number)
+
+    def begin(self) -> Output:
+        """The attempt's log (created empty), its output follower and its first note; the status
+        file of an older attempt removed; SIGTERM noted in job.term from now on."""
+        name = "reference" if self.reference else "job"
+        worker = self.contract.get("TPUPOD_PROCESS_ID", "0")
+        log_uri = layout.attempt_log(self.contract["TPUPOD_RUN_DIR"], self.number, worker)
+        os.makedirs(path("logs"), exist_ok=True)
+        status = self.contract.get("TPUPOD_STATUS_FILE")
+        if status and os.path.exists(status):
+            os.unlink(status)  # an older attempt's progress is not this one's
+        self.log = path(layout.local_attempt_log(name, self.number))
+        with open(self.log, "wb"):
             pass
-    else:  # its own run: its own directories (bucket and local tier), status file and log
-        parent = contract["TPUPOD_RUN_DIR"].rsplit("/", 1)[0]
-        contract.update(TPUPOD_RUN_ID=reference, TPUPOD_RUN_DIR=f"{parent}/{reference}",
-                        TPUPOD_CHECKPOINT_DIR=layout.checkpoint_dir(f"{parent}/{reference}"),
-                        TPUPOD_LOCAL_CHECKPOINT_DIR=layout.local_checkpoint_dir(ROOT, reference),
-                        TPUPOD_STATUS_FILE=path("reference-status.json"))  # fmt: skip
-    name = "reference" if reference else "job"
-    worker = contract.get("TPUPOD_PROCESS_ID", "0")
-    log_uri = layout.attempt_log(contract["TPUPOD_RUN_DIR"], attempt, worker)
-    os.makedirs(path("logs"), exist_ok=True)
-    status = contract.get("TPUPOD_STATUS_FILE")
-    if status and os.path.exists(status):
-        os.unlink(status)  # an older attempt's progress is not this one's
-    attempt_log = path(layout.local_attempt_log(name, attempt))
-    with open(attempt_log, "wb"):
-        pass
-    regex = spec["progress"]["regex"] if isinstance(spec.get("progress"), dict) else None
-    output = Output(path(f"{name}.log"), attempt_log,
-                    lambda data: gcs_upload(contract, log_uri, data), regex, status)  # fmt: skip
+        spec = self.spec
+        regex = spec["progress"]["regex"] if isinstance(spec.get("progress"), dict) else None
+        output = Output(path(f"{name}.log"), self.log,
+                        lambda data: gcs_upload(self.contract, log_uri, data), regex,
+                        status)  # fmt: skip
+        self.termed = threading.Event()
 
-    termed = threading.Event()
+        def on_term(signum, frame) -> None:  # the group got it too: the job saves, then exits
+            if not self.termed.is_set() and self.reference is None:
+                write_atomic(path("job.term"), f"{time.time()}\n")
+            self.termed.set()
 
-    def on_term(signum, frame) -> None:  # the group got it too: the job saves, then exits
-        if not termed.is_set() and reference is None:
-            write_atomic(path("job.term"), f"{time.time()}\n")
-        termed.set()
+        signal.signal(signal.SIGTERM, on_term)
+        output.note(f"attempt {self.number} of run {self.contract.get('TPUPOD_RUN_ID')}: "
+                    f"{spec['run']}")  # fmt: skip
+        return output
 
-    signal.signal(signal.SIGTERM, on_term)
-    output.note(f"attempt {attempt} of run {contract.get('TPUPOD_RUN_ID')}: {spec['run']}")
+
+def current_attempt() -> int:
     try:
-        env = job_environment(spec, contract, venv, attempt)
-        env.update(secrets(spec, contract))
+        with open(path("job.attempt")) as f:
+            return max(1, int(f.read().strip() or 1))
+    except (OSError, ValueError):
+        return 1
+
+
+def run(reference: str | None = None) -> int:
+    attempt = Attempt(reference)
+    output = attempt.begin()
+    try:
+        env = attempt.environment()
+        env.update(secrets(attempt.spec, attempt.contract))
     except SystemExit as err:
         output.note(str(err))
         output.close()
         return finish(reference, 1)
-    job_dir = os.path.join(os.path.realpath(path("current")), "job")
-    with open(attempt_log, "ab") as out:  # O_APPEND: the job's writes and the notes interleave
-        child = subprocess.Popen(["bash", "-c", SHELL_PROLOGUE + spec["run"]], cwd=job_dir,
-                                 env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=subprocess.STDOUT)  # fmt: skip
+    with open(attempt.log, "ab") as out:  # O_APPEND: the job's writes and the notes interleave
+        child = subprocess.Popen(["bash", "-c", SHELL_PROLOGUE + attempt.spec["run"]],
+                                 cwd=attempt.job_dir, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     del env  # the secrets live on in the child's environment only
+    return supervise(attempt, output, child)
+
+
+def supervise(attempt: Attempt, output: Output, child) -> int:
+    """Follows the running job to its end: its output, the log's uploads, the bytecode
+    publisher and (a job that asks for one) the next attempt's standby after its first progress;
+    then its exit code in job.exit."""
+    spec, contract, venv, reference = (
+        attempt.spec,
+        attempt.contract,
+        attempt.venv,
+        attempt.reference,
+    )
     stop = threading.Event()
     uploads = threading.Thread(target=shipper, args=(output, stop), daemon=True)
     uploads.start()
-    publisher = None
+    publisher, standby = None, None
     while True:
         try:
             returncode = child.wait(timeout=FOLLOW_S)
@@ -340,12 +375,15 @@ def run(reference: str | None = None) -> int:
         except subprocess.TimeoutExpired:
             output.follow()
             if publisher is None and reference is None and progressed(output):
-                publisher = publish_bytecode(spec, contract, venv, attempt_log) or False
+                publisher = publish_bytecode(spec, contract, venv, attempt.log) or False
+                standby = start_standby(spec) or False
     code = exit_code(returncode)
-    output.note(f"job exited {code}" + (" after SIGTERM" if termed.is_set() else ""))
+    output.note(f"job exited {code}" + (" after SIGTERM" if attempt.termed.is_set() else ""))
     if publisher:
         publisher.kill()  # not done yet: the next start publishes
         publisher.wait()
+    if standby:
+        standby.wait()  # jobctl's `standby` only starts it (its own session) and returns
     stop.set()
     try:
         output.ship()
@@ -361,6 +399,26 @@ def finish(reference: str | None, code: int) -> int:
     return code
 
 
+# -- the standby (docs/proposals/standby-interpreter.md; its parked side: jobrun_standby.py) ---
+def have_systemd() -> bool:
+    return os.path.isdir("/run/systemd/system")
+
+
+def start_standby(spec: dict):
+    """After the job's first progress: `jobctl standby` in a session of its own (a stop of
+    this job's group leaves it), for a job that asks for one; not yet under systemd."""
+    if not spec.get("standby") or have_systemd():
+        return None
+    jobctl = os.path.join(os.path.realpath(path("current")), "bootstrap", "jobctl.sh")
+    return subprocess.Popen(["bash", jobctl, "standby"], env={**os.environ, "TPUPOD_ROOT": ROOT},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["standby"]:
+        from bootstrap import jobrun_standby
+
+        sys.exit(jobrun_standby.park(sys.modules[__name__]))
     sys.exit(run(args[1] if args[:1] == ["reference"] and len(args) == 2 else None))

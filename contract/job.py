@@ -18,7 +18,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contract import runline
 from contract.exit_codes import EXIT_BAD_INPUT, EXIT_PREEMPTED
+from contract.standby_spec import StandbySpec
 
 JOB_FILE = "tpupod-job.yaml"
 # Never shipped: caches, environments and VCS state a job directory often holds.
@@ -104,6 +106,7 @@ class JobSpec(BaseModel):
     # A preemption may come with no notice (GCP gives none on maintenance): the job saves at
     # least this often, so such a kill costs at most this much work (TPUPOD_MAX_LOSS_S).
     max_loss_minutes: float = Field(default=5.0, gt=0)
+    standby: StandbySpec | None = None
 
     @field_validator("run")
     @classmethod
@@ -144,6 +147,21 @@ class JobSpec(BaseModel):
     def _no_secret_in_env(self) -> JobSpec:
         if clash := sorted(set(self.env) & set(self.secrets)):
             raise ValueError(f"{clash[0]} is both in env and in secrets")
+        return self
+
+    @model_validator(mode="after")
+    def _standby_runs_this_line(self) -> JobSpec:
+        """A standby imports before the job starts: never with secrets (any import could read
+        one), and only for a run line it can run in-process as bash would (contract.runline)."""
+        if self.standby is None:
+            return self
+        if self.secrets:
+            raise ValueError("standby: a job with secrets cannot have one (its imports would "
+                             "run before the secrets are read); remove one of the two")  # fmt: skip
+        try:
+            runline.parse(self.run)
+        except runline.NotStandby as err:
+            raise ValueError(f"standby: {err}; write run as `exec python -m MODULE ARGS`") from None
         return self
 
     @property

@@ -45,6 +45,9 @@ class StatusReport:
     loss: float | None = None
     tokens_per_s: float | None = None
     last_checkpoint: int | None = None
+    # The newest step this process's local tier holds whole (tpupod_job.local_tier): progress a
+    # restart on the same VMs keeps, so it ends a crash loop's streak as a bucket commit does.
+    local_checkpoint: int | None = None
     restored_from: int | None = None
     # Where `restored_from` was read: "local" (this VM's own copy: the local tier) or
     # "persistent" (the bucket); None for a fresh start or a writer that does not say.
@@ -88,6 +91,7 @@ def parse_status(text: str, mtime: float | None = None) -> JobStatus | None:
         loss=_number(raw.get("loss")),
         tokens_per_s=_number(raw.get("tokens_per_s")),
         last_checkpoint=_integer(raw.get("last_checkpoint")),
+        local_checkpoint=_integer(raw.get("local_checkpoint")),
         restored_from=_integer(raw.get("restored_from")),
         restored_tier=raw.get("restored_tier")
         if isinstance(raw.get("restored_tier"), str)

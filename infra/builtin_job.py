@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from contract import runline
 from contract.job import JOB_FILE, Job, parse
 
 TRAINER_DIR = Path(__file__).resolve().parent.parent / "trainer"
@@ -33,6 +34,10 @@ def builtin(trainer_args: str = "--config tiny") -> Job:
     args = trainer_args.strip()
     template["run"] = f"{BUILTIN_RUN} {args}".strip()
     template["steps"] = builtin_steps(args)
+    try:
+        runline.parse(template["run"])
+    except runline.NotStandby:  # arguments that need a shell: the restarts run cold
+        template.pop("standby", None)
     text = yaml.safe_dump(template, sort_keys=False)
     spec = parse(text, f"{BUILTIN_FILE} (rendered for `{args}`)")
     return Job(spec=spec, files={JOB_FILE: text.encode()}, source=f"built-in trainer ({args})")

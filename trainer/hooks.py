@@ -73,7 +73,8 @@ class Reporter:
                           peak_source=self.peak_source)  # fmt: skip
         run.log.scalars(done_step, values)
         run.hb.update(step=done_step, loss=values["loss"], tokens_per_s=tokens_per_s,
-                      last_checkpoint=run.checkpoints.poll())  # fmt: skip
+                      last_checkpoint=run.checkpoints.poll(),
+                      local_checkpoint=run.local.saved if run.local else None)  # fmt: skip
 
 
 class Saver:

@@ -23,7 +23,7 @@ from ops.cli import CliError
 from ops.cloud.slice import Provider, ProviderError, SliceState
 from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.commands.slice import provider_for, ready_workers, stack_options
-from ops.fleet.workers import WorkerError, WorkerGroup
+from ops.fleet.workers import STOP_AND_CLEAR, WorkerError, WorkerGroup
 from ops.watch.deadlines import GCP
 from ops.watch.remote_state import RemoteState
 
@@ -34,14 +34,21 @@ def next_attempt(group: WorkerGroup) -> int:
 
 
 def restart_job(group: WorkerGroup, console: Console, start: bool = True) -> int | None:
-    """stop-all, clear-locks-all[, start-all as the next attempt]; the attempt started."""
+    """stop and clear-locks on every worker[, then start-all as the next attempt]; the
+    attempt started."""
     attempt = next_attempt(group) if start else None
-    verbs = ("stop", "clear-locks", "start") if start else ("stop", "clear-locks")
+    verbs = (STOP_AND_CLEAR, "start") if start else (STOP_AND_CLEAR,)
     try:
         for verb in verbs:
             began = time.time()
-            group.jobctl(verb, timeout=900.0, attempt=attempt if verb == "start" else None)
-            console.print(f"{verb:<12} every worker ({time.time() - began:.1f}s)")
+            group.jobctl(
+                verb,
+                timeout=900.0,
+                attempt=attempt if verb == "start" else None,
+                keep_standby=start,
+            )  # a restart's stop keeps the parked attempt
+            label = verb.replace(" ", " + ")  # "stop + clear-locks": one round trip
+            console.print(f"{label:<12} every worker ({time.time() - began:.1f}s)")
     except WorkerError as err:
         raise CliError(str(err)) from None
     return attempt

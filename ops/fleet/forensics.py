@@ -128,9 +128,12 @@ def capture_hang(watcher, inc, bucket=None) -> None:
     started = time.time()
     inc.phases["forensics"] = started
     try:
-        workers = watcher.describe()
-        group = watcher.workers(workers.workers if workers else None)
+        group = getattr(watcher, "group", None)  # whose probes just told the hang: no API call
+        if group is None:
+            workers = watcher.describe()
+            group = watcher.workers(workers.workers if workers else None)
         texts = collect(group, inc.reason)
+        collected = time.time()
         number, files, failed = keep(texts, incidents_dir(watcher.journal.path), bucket)
     except Exception as err:  # noqa: BLE001 - evidence is a bonus; the restart must go on
         watcher.journal.event("error", f"hang forensics failed: {type(err).__name__}: {err}")
@@ -145,6 +148,8 @@ def capture_hang(watcher, inc, bucket=None) -> None:
         incident=number,
         files=files,
         seconds=now - started,
+        collect_s=round(collected - started, 3),  # the workers' stacks and logs, over SSH
+        keep_s=round(now - collected, 3),  # the files written here and to the bucket
     )
 
 

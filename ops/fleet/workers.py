@@ -35,6 +35,9 @@ SUDO_JOBCTL = (
     'R={root}; if [ "$(id -u)" = 0 ]; then AS=; else AS="sudo -n"; fi; '
     '$AS env TPUPOD_ROOT="$R" {env}"$R/current/bootstrap/jobctl.sh" {verb}'
 )
+# A worker's job stopped and its stale locks cleared, in one round trip (each worker's clear
+# needs only its own stop); a start waits until every worker has done both.
+STOP_AND_CLEAR = "stop clear-locks"
 # Any script as root, the same way (`bash -c`, the script quoted once).
 AS_ROOT = (
     'R={root}; if [ "$(id -u)" = 0 ]; then AS=; else AS="sudo -n"; fi; '
@@ -177,11 +180,24 @@ class WorkerGroup:
         timeout: float | None = None,
         stop_timeout: float | None = None,
         attempt: int | None = None,
+        keep_standby: bool = False,
     ) -> dict[int, Outcome]:
-        """As root (the job's unit is root's); `stop_timeout`: seconds from SIGTERM to SIGKILL
-        (default: the job's grace_s; a hung job never saves); `attempt`: the attempt `start`
-        begins. A refused sudo is one line naming the fix."""
-        outcomes = self.run(jobctl_command(verb, stop_timeout, attempt), timeout=timeout)
+        """As root (the job's unit is root's); `verb`: one, or several in turn ("stop
+        clear-locks": one round trip, each worker's next verb only after its last succeeded);
+        `stop_timeout`: seconds from SIGTERM to SIGKILL (default: the job's grace_s; a hung job
+        never saves); `attempt`: the attempt `start` begins; `keep_standby`: a stop that a start
+        of the same bundle follows keeps the parked next attempt (a job with `standby:`). A
+        refused sudo is one line naming the fix."""
+        command = " && ".join(
+            jobctl_command(
+                v,
+                stop_timeout if v == "stop" else None,
+                attempt if v == "start" else None,
+                keep_standby=keep_standby and v == "stop",
+            )  # fmt: skip
+            for v in verb.split()
+        )
+        outcomes = self.run(command, timeout=timeout)
         refused = [o for o in outcomes.values() if not o.ok and sudo_refused(o.stderr)]
         if refused:
             o = refused[0]
@@ -190,18 +206,17 @@ class WorkerGroup:
         return self._checked(outcomes, f"jobctl {verb}")
 
     def restart(self, attempt: int | None = None, stop_timeout: float | None = None) -> None:
-        """Stop on every worker, clear stale locks everywhere, then start everywhere: no worker
-        may start while another still holds the old job's coordinator or TPU."""
-        self.jobctl("stop", timeout=(stop_timeout or 600.0) + 60.0, stop_timeout=stop_timeout)
-        self.jobctl("clear-locks")
+        """Stop and clear stale locks on every worker, then start everywhere: no worker may
+        start while another still holds the old job's coordinator or TPU."""
+        self.jobctl(STOP_AND_CLEAR, timeout=(stop_timeout or 600.0) + 60.0,
+                    stop_timeout=stop_timeout, keep_standby=True)  # fmt: skip
         self.jobctl("start", attempt=attempt)
 
     def roll_out(self, timeout: float, before_start: Callable[[], None] | None = None) -> None:
         """The node's bundle onto these workers: stop the job (SIGTERM: it saves, as for a
         preemption), clear stale locks, then every worker's startup script again, together
         (it fetches and verifies the bundle, syncs its environment, starts the job)."""
-        self.jobctl("stop", timeout=None)
-        self.jobctl("clear-locks")
+        self.jobctl(STOP_AND_CLEAR, timeout=None)
         if before_start is not None:
             before_start()
         command = RERUN_STARTUP.format(root=ROOT, script=shlex.quote(RERUN_SCRIPT))
@@ -220,9 +235,11 @@ class WorkerGroup:
         return {i: (o.stdout if o.ok else None) for i, o in outcomes.items()}
 
 
-def jobctl_command(verb: str, stop_timeout: float | None = None, attempt: int | None = None) -> str:
+def jobctl_command(verb: str, stop_timeout: float | None = None, attempt: int | None = None,
+                   keep_standby: bool = False) -> str:  # fmt: skip
     env = f"TPUPOD_STOP_TIMEOUT={int(stop_timeout)} " if stop_timeout is not None else ""
     env += f"TPUPOD_ATTEMPT={int(attempt)} " if attempt is not None else ""
+    env += "TPUPOD_KEEP_STANDBY=1 " if keep_standby else ""
     return SUDO_JOBCTL.format(root=ROOT, env=env, verb=verb)
 
 

@@ -15,7 +15,7 @@ from contract.metadata import BUNDLE_SHA256
 from ops.cloud.slice import ProviderError
 from ops.cloud.tpu_errors import QuotaExceeded, Refused, Stockout
 from ops.fleet.forensics import capture_hang
-from ops.fleet.workers import WorkerError
+from ops.fleet.workers import STOP_AND_CLEAR, WorkerError
 from ops.watch import capacity
 from ops.watch.api import GiveUp, WatcherApi
 from ops.watch.incident import Incident
@@ -97,8 +97,8 @@ def bootstrapped(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 
 def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> None:
-    """stop-all, clear-locks-all, start-all: every worker together, as the next attempt.
-    After a crash the survivors are stuck in a collective and ignore SIGTERM: they get a short
+    """stop and clear-locks on every worker (one round trip), then start-all: every worker
+    together, as the next attempt. After a crash the survivors are stuck in a collective and ignore SIGTERM: they get a short
     grace of their own, not the job's (a preemption's save time); a hung job gets none."""
     group = w.workers(None)
     inc.started = started = time.time()
@@ -108,8 +108,7 @@ def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> 
         if failure:
             hung = inc.kind == "hang"
             stop = w.config.hang_stop_timeout if hung else w.config.failure_stop_timeout
-        group.jobctl("stop", timeout=None, stop_timeout=stop)
-        group.jobctl("clear-locks")
+        group.jobctl(STOP_AND_CLEAR, timeout=None, stop_timeout=stop, keep_standby=True)
         w.restarted_now()
         group.jobctl("start", attempt=attempt)
     except WorkerError as err:

@@ -54,6 +54,7 @@ class WatchState:
     preemptions: int = 0
     streak: int = 0  # failure restarts since the job last committed a newer checkpoint
     committed: int | None = None  # the newest committed step any current trainer reported
+    local_committed: int | None = None  # the newest step a local tier reported written whole
     since: float = 0.0  # the last (re)start of the trainer: older trainer files are stale
     last_step: int = 0
     attempt: int = 0  # the newest attempt of the job seen or started (the next one is + 1)

@@ -26,33 +26,47 @@ class Progress:
         self.every, self._said = every, (0.0, -1)  # (when, step) of the last `progress` event
         self._marks: dict[int, tuple] = {}  # worker -> ((state, step, pid), when it last changed)
         self._fallbacks_seen: set[tuple[int, int | None]] = set()
+        self._looked = 0.0  # the last track: a change seen now was written after it
 
     def track(self, probes: list[Probe], now: float | None = None) -> None:
         """Progress is the slice's: the age of the newest change of any worker's (state, step)
         (often only process 0 reports, and one stalled worker stalls them all), and the step
         clock's limit from the slice's newest step."""
         st, now = self.state, time.time() if now is None else now
-        ages = []
+        ages, changed = [], []
         for p in probes:
             s = p.current(st.since)
             mark = (s.state, s.step, s.pid) if s else None
             last = self._marks.get(p.index)
             if last is None or last[0] != mark:
-                self._marks[p.index] = last = (mark, now)
+                when = now if last is None else self._written(p, s, now)
+                self._marks[p.index] = last = (mark, when)
+                changed.append(when)
             if s is not None:
                 ages.append(now - last[1])
-        limit = self._clock(probes, now)
+        limit = self._clock(probes, max(changed, default=now))
+        self._looked = now
         for p in probes:
             p.progress_age, p.step_limit = min(ages, default=0.0), limit
             if p.attempt is not None:
                 st.attempt = max(st.attempt, p.attempt)
             if (s := p.current(st.since)) is not None:
                 st.last_step = max(st.last_step, s.step)
-                self.committed(s.last_checkpoint)
+                self.committed(s.last_checkpoint, s.local_checkpoint)
         self._journal_fallbacks(probes)
         self._journal_progress(now)
         if st.incident is not None and not st.incident.phases:
             st.incident.step = max(st.incident.step, st.last_step)  # steps until it died
+
+    def _written(self, p: Probe, s, now: float) -> float:
+        """When a change the watcher sees now was written, on the watcher's clock: the file's
+        age by the worker's own clock (the probe's `now` less the writer's `updated`: no clock
+        skew between hosts), back from now, but never before the last look (a change seen now
+        came after it). Late rather than early: the newest write may be a beat after the change
+        itself. It takes a poll's lag off a hang's detection."""
+        if s is None or not p.now or not s.updated:
+            return now
+        return max(self._looked, now - max(0.0, p.now - s.updated))
 
     def _clock(self, probes: list[Probe], now: float) -> float | None:
         if self.clock is None:
@@ -61,12 +75,16 @@ class Progress:
         self.clock.observe(max(steps, default=None), now, self.state.since)
         return self.clock.limit()
 
-    def committed(self, step: int | None) -> None:
+    def committed(self, step: int | None, local: int | None = None) -> None:
         """A committed step newer than any seen before is progress: it ends a streak of failure
-        restarts (`committed` only grows, so it is newer than the last failure's too)."""
+        restarts (`committed` only grows, so it is newer than the last failure's too). So does a
+        newer step in the local tier (what a restart on the same VMs restores): a job that keeps
+        failing at the same step never writes a newer one, and its waits still grow."""
         st = self.state
         if step is not None and (st.committed is None or step > st.committed):
             st.committed, st.streak = step, 0
+        if local is not None and (st.local_committed is None or local > st.local_committed):
+            st.local_committed, st.streak = local, 0
 
     def _journal_progress(self, now: float) -> None:
         """A sample of the run's newest step, outside incidents, at most every `every` s."""

@@ -82,6 +82,7 @@ class RemoteState:
         self._saved: dict | None = None  # what incident.json holds now (as this process wrote it)
         self._saved_at = 0.0
         self._last_hold: dict | None = None
+        self._incidents: set[int] | None = None  # listed once, then kept up by put_forensics
 
     @classmethod
     def for_target(cls, target: Target) -> RemoteState:
@@ -196,15 +197,22 @@ class RemoteState:
 
     # -- hang forensics ------------------------------------------------------------------------
     def forensics_numbers(self) -> set[int]:
-        """The incidents with forensics in the bucket."""
-        blobs = self.bucket.list_blobs(prefix=self.prefix + "incidents/", timeout=CALL_TIMEOUT)
-        found = (b.name[len(self.prefix + "incidents/") :].split("/", 1)[0] for b in blobs)
-        return {int(n) for n in found if n.isdigit()}
+        """The incidents with forensics in the bucket: listed once per process (a laptop that
+        takes over from the watcher VM goes on from the VM's numbers), then kept up by this
+        process's own puts, so a hang's restart does not wait on a listing that grows with
+        every incident."""
+        if self._incidents is None:
+            blobs = self.bucket.list_blobs(prefix=self.prefix + "incidents/", timeout=CALL_TIMEOUT)
+            found = (b.name[len(self.prefix + "incidents/") :].split("/", 1)[0] for b in blobs)
+            self._incidents = {int(n) for n in found if n.isdigit()}
+        return set(self._incidents)
 
     def put_forensics(self, number: int, name: str, text: str) -> str:
         """One worker's file of incident `number`; returns its gs:// URI."""
         blob = self.blob(f"incidents/{number}/{name}")
         blob.upload_from_string(text, content_type="text/plain", timeout=CALL_TIMEOUT)
+        if self._incidents is not None:
+            self._incidents.add(number)
         return f"gs://{self.bucket.name}/{blob.name}"
 
     def forensics(self, number: int) -> list[tuple[str, str]]:

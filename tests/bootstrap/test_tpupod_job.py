@@ -71,6 +71,9 @@ tier = tpupod_job.open_local_tier(5, shapes=("v1", (8,)))  # JSON turns the tupl
 assert tier.due(10) and not tier.due(11)
 assert tier.save(10, state, extra=b'{"position": 10}')
 tier.wait()
+os.environ["TPUPOD_STATUS_FILE"] = status = os.path.join(os.path.dirname(directory), "st.json")
+tpupod_job.progress(11)  # the status names the newest step the tier wrote whole
+assert __import__("json").load(open(status))["local_checkpoint"] == 10
 abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
                         state)
 assert tier.agreed_step(None) == 10 and tier.agreed_step(10) == 10

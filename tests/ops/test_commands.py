@@ -140,9 +140,12 @@ def test_watch_journals_a_checkpoint_fallback_once_per_trainer(tmp_path):
     assert events[0]["set_aside"] == [12]
 
 
-def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
-    """The first failure restart goes at once; another before a newer checkpoint doubles the wait;
-    a newer committed step ends the streak."""
+@pytest.mark.parametrize("tier", ["bucket", "local"])
+def test_only_a_crash_loop_waits_before_its_restart(tmp_path, tier):
+    """The first failure restart goes at once; another before a newer checkpoint doubles the
+    wait; a newer committed step ends the streak: in the bucket, or in the local tier, which a
+    restart on the same VMs restores (the recovery bench's hang, 30 steps after a crash, waited
+    a second for a bucket commit it had no time to make). The same step again keeps doubling."""
     spec = {"parent": "projects/p/locations/z", "node_id": "n", "node": {}}
     target = Target("s", "p", "z", "n", spec, SshSettings(None, None),
                     api_endpoint="http://127.0.0.1:9", token_file=dummy_token())  # fmt: skip
@@ -151,19 +154,22 @@ def test_only_a_crash_loop_waits_before_its_restart(tmp_path):
     watcher.state.since = 0.0
 
     def commits(step):
-        status = JobStatus(step=step + 3, pid=7, last_checkpoint=step, updated=time.time())
+        steps = {"last_checkpoint": step} if tier == "bucket" else {
+            "last_checkpoint": 100, "local_checkpoint": step}  # fmt: skip
+        status = JobStatus(step=step + 3, pid=7, updated=time.time(), **steps)
         watcher.progress.track([Probe(0, status=status)])
 
-    commits(100)
+    commits(120)
     waits = []
     for _ in range(3):
         watcher.charge("crash")
         waits.append(watcher.restart_wait())
-        commits(100)  # restored, but nothing newer committed
+        commits(120)  # restored, but nothing newer committed
     assert waits == [0.0, 2.0, 4.0]
     commits(200)
-    watcher.charge("crash")
+    watcher.charge("hang")
     assert watcher.restart_wait() == 0.0 and watcher.state.failures == 4
+    assert parse_status('{"step": 5, "local_checkpoint": 4}').local_checkpoint == 4
 
 
 @pytest.mark.parametrize(("kind", "failure", "stop"),
@@ -182,13 +188,13 @@ def test_a_hung_job_is_killed_at_once_a_crashed_one_after_a_second(tmp_path, kin
     calls = []
 
     class Group:
-        def jobctl(self, verb, timeout=None, stop_timeout=None, attempt=None):
-            calls.append((verb, stop_timeout))
+        def jobctl(self, verb, timeout=None, stop_timeout=None, attempt=None, keep_standby=False):
+            calls.append((verb, stop_timeout, keep_standby))
 
     watcher.workers = lambda which=None: Group()
     inc = Incident(kind, "test", time.time(), 10, phase_since=time.time())
     actions.restart(watcher, inc, kind, failure=failure)
-    assert calls == [("stop", stop), ("clear-locks", None), ("start", None)]
+    assert calls == [("stop clear-locks", stop, True), ("start", None, False)]
 
 
 def test_status_says_a_recreate_came_back_where_a_request_was_filed_beside_another():

@@ -126,3 +126,17 @@ def test_observe_only_prints_the_journal_and_returns_when_the_run_is_done(storag
     assert observe(state, Observer(state, console), poll=0.2) == 0
     text = console.export_text()
     assert "[watcher]" in text and "all done" in text and "stack observe" in text
+
+
+def test_forensics_numbers_are_listed_once_then_kept_by_the_puts(storage_url):
+    """A hang's restart waits on forensics: the bucket's incidents are listed by the first
+    capture only (a laptop taking over goes on from the VM's numbers) and kept up by this
+    process's puts. Control: a second process, which has not listed, sees the first's files."""
+    vm = make_state(storage_url, "forensics")
+    vm.put_forensics(3, "worker-0.txt", "stacks")  # before any listing: nothing cached
+    assert vm.forensics_numbers() == {3}
+    listed = []
+    vm.bucket.list_blobs = lambda *a, **k: listed.append(a) or []  # a listing would be seen
+    vm.put_forensics(4, "worker-0.txt", "stacks")
+    assert vm.forensics_numbers() == {3, 4} and listed == []
+    assert make_state(storage_url, "forensics").forensics_numbers() == {3, 4}

@@ -118,3 +118,26 @@ def test_the_local_pod_tells_a_hang_about_two_seconds_after_the_jobs_normal_gap(
     assert judged(2.5, gcp) is WorkerCondition.RUNNING and judged(61, gcp) is WorkerCondition.HUNG
     assert judged(2.5, local, gaps=(1.5,) * 8) is WorkerCondition.RUNNING  # 3 x 1.5 s = 4.5 s
     assert judged(5.0, local, gaps=(1.5,) * 8) is WorkerCondition.HUNG
+
+
+def test_a_change_is_dated_when_its_worker_wrote_it_never_before_the_last_look():
+    """The watcher sees a step a poll after it was written: the change is dated by the worker's
+    own clock (the probe's `now` less the file's `updated`), so a hang is told a poll's lag
+    sooner; a file older than the last look is dated at that look. Control: a file written just
+    as it was probed ages from the probe, as before."""
+
+    def age_after(written_ago: float, poll: float = 0.5, skew: float = 1e6) -> float:
+        progress = Progress(WatchState(since=SINCE), Journal(None), JobRules())
+        first = status_probe(1, "training", SINCE + 1)
+        progress.track([first], now=SINCE + 1)
+        seen = SINCE + 1 + poll  # the next poll; the worker's clock is `skew` s off the watcher's
+        probe = status_probe(2, "training", seen + skew)
+        probe.status.updated = probe.status.heartbeat = seen + skew - written_ago
+        progress.track([probe], now=seen)
+        later = status_probe(2, "training", seen + skew + 1.0)
+        progress.track([later], now=seen + 1.0)
+        return later.progress_age
+
+    assert abs(age_after(0.4) - 1.4) < 1e-6  # written 0.4 s before the poll that saw it
+    assert abs(age_after(5.0) - 1.5) < 1e-6  # older than the last look: dated at that look
+    assert abs(age_after(0.0) - 1.0) < 1e-6  # the control: no lag to take off

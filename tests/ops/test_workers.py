@@ -58,15 +58,19 @@ def test_probe_reads_every_status_file(pod):
 
 
 def test_restart_runs_stop_then_clear_then_start_on_every_worker(pod, tmp_path):
-    log = tmp_path / "ctl.log"
-    for server in pod:
+    logs = [tmp_path / f"ctl-{i}.log" for i in range(len(pod))]
+    for server, log in zip(pod, logs, strict=True):
         install_jobctl(server.root, log)
     with WorkerGroup(workers_of(pod)) as group:
         group.restart(attempt=5)
-    lines = [line.split() for line in log.read_text().splitlines()]
-    # every worker stopped before any cleared, every worker cleared before any started
-    assert [line[0] for line in lines] == ["stop"] * 2 + ["clear-locks"] * 2 + ["start"] * 2
-    assert [line[1] for line in lines if line[0] == "start"] == ["5", "5"]  # the attempt
+    per_worker = [[line.split() for line in log.read_text().splitlines()] for log in logs]
+    # each worker clears after its own stop, in the same round trip; a start comes only after
+    # every worker has cleared (each line is stamped with its time)
+    for lines in per_worker:
+        assert [line[0] for line in lines] == ["stop", "clear-locks", "start"]
+        assert lines[2][1] == "5"  # the attempt
+    cleared = max(float(lines[1][-1]) for lines in per_worker)
+    assert all(float(lines[2][-1]) >= cleared for lines in per_worker)
 
 
 def test_failure_names_the_worker(pod, tmp_path):

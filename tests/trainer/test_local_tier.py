@@ -16,6 +16,8 @@ import signal
 import pytest
 from trainer_testlib import free_port, multi_args, run_ok, summary
 
+from trainer.status import read_status
+
 STEPS = 24  # room after the stop at 11 or 13, on a loaded machine too
 BASE = ["--config", "tiny", "--steps", STEPS, "--set", "checkpoint_every=8",
         "--set", "local_checkpoint_every=2"]  # fmt: skip
@@ -67,7 +69,8 @@ def interrupted(spawn, tmp_path, cache, stop_at: int, hang: bool = False):
 def restart(spawn, tmp_path, cache, wd, local, name: str) -> dict:
     """The restart on the same VM; its `restored` event (the tier and the step)."""
     again = run_ok(spawn, [*BASE, "--workdir", wd, "--local-checkpoint-dir", local,
-                           "--compile-cache", cache], tmp_path, name, 2)  # fmt: skip
+                           "--compile-cache", cache, "--status-file", tmp_path / f"{name}.status"],
+                   tmp_path, name, 2)  # fmt: skip
     return restored(again)
 
 
@@ -104,6 +107,12 @@ def test_a_hang_restores_its_own_copy(spawn, tmp_path, cache, reference):
     assert found["tier"] == "local" and found["step"] >= 10, found
     assert found["step"] > (found["persistent"] or 0)
     assert summary(wd)["params_fingerprint"] == reference
+    # The status names the newest local step it wrote: newer than the one it restored, which
+    # tells the watcher the restart made progress (it ends a crash loop's streak).
+    # (A loaded machine may let the first run reach its end before the stop: nothing to check.)
+    status = read_status(tmp_path / "again.status")
+    if found["step"] <= STEPS - 4:
+        assert status.local_checkpoint is not None and status.local_checkpoint > found["step"]
 
 
 @pytest.mark.slow  # two processes: the steps every process holds are agreed on (allgather)

@@ -36,6 +36,7 @@ _initialized = False
 _distributed = False  # what `init` decided: `should_stop` then asks JAX's sync point
 _restored_from: int | None = None  # the step the manager found at start (0: none), if one made
 _restored_tier = "persistent"  # where it was read: the bucket, or "local" (open_local_tier)
+_local_tier = None  # what open_local_tier opened: `progress` reports its newest step written
 
 
 def process_id() -> int:
@@ -75,7 +76,9 @@ def open_local_tier(every: int, **identity):
     must match to be used (the state's shapes, say). Imports JAX."""
     from tpupod_job.local_tier import open_here
 
-    return open_here(every, **identity)
+    global _local_tier
+    _local_tier = open_here(every, **identity)
+    return _local_tier
 
 
 def init(timeout_s: int = 1800, *, distributed: bool | None = None, jax_cache: bool = True) -> bool:
@@ -152,6 +155,8 @@ def progress(step: int, **metrics: float) -> None:
         doc["restored_from"] = _restored_from
         if _restored_from:
             doc["restored_tier"] = _restored_tier
+    if _local_tier is not None and _local_tier.saved is not None:
+        doc["local_checkpoint"] = _local_tier.saved  # a crash loop's streak ends on newer ones
     doc.update({k: float(v) for k, v in metrics.items()})
     write_status(doc)
 

@@ -1,0 +1,137 @@
+"""The launcher's standby mode (`jobrun.py standby`, docs/proposals/standby-interpreter.md): the
+job's next attempt parked with its imports done (tpupod_job.standby, the interpreter's side),
+promoted by `jobctl start` (SIGUSR1 and standby.go) after checking that nothing it was made from
+changed, then supervised as jobrun's `run` supervises a cold start. `jr` is the running jobrun
+module (its files, Attempt and supervise), handed over rather than imported a second time.
+
+Stdlib only: the launcher runs isolated (`python -I -S`)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+
+STANDBY_JSON, STANDBY_GO, STANDBY_REFUSED = "standby.json", "standby.go", "standby.refused"
+# Who called jobctl, not what the job runs with: these may differ between the parked
+# environment and the attempt's (TPUPOD_ATTEMPT is the go's to set).
+NOISE = {"_", "SHLVL", "PWD", "OLDPWD", "INVOCATION_ID", "JOURNAL_STREAM", "TPUPOD_ATTEMPT",
+         "TPUPOD_STOP_TIMEOUT", "TPUPOD_KEEP_STANDBY"}  # fmt: skip
+NOISE_PREFIXES = ("SUDO_", "SSH_", "MD_", "BASH_FUNC_")
+OWN = ("TPUPOD_STANDBY_FD", "TPUPOD_STANDBY_PRELOAD", "TPUPOD_STANDBY_PREPARE")
+
+
+def standby_key(jr) -> list:
+    """What a parked attempt was made from: the bundle and the bootstrap's files."""
+    files = []
+    for name in ("job.json", "job.env", "job.venv"):
+        with open(jr.path(name), "rb") as f:
+            files.append(base64.b64encode(f.read()).decode())
+    return [os.path.realpath(jr.path("current")), *files]
+
+
+def differing(parked: dict, wanted: dict) -> list[str]:
+    """The names (never the values) whose value differs, noise aside."""
+    names = (parked.keys() | wanted.keys()) - NOISE - set(OWN)
+    return sorted(n for n in names
+                  if not n.startswith(NOISE_PREFIXES) and parked.get(n) != wanted.get(n))  # fmt: skip
+
+
+def park(jr) -> int:
+    """`jobrun.py standby`: the job's next attempt, its imports done, waiting for `jobctl
+    start` (SIGUSR1 and standby.go); promoted, this launcher supervises it as `run` would."""
+    attempt = jr.Attempt()
+    standby = attempt.spec.get("standby")
+    if not standby or attempt.spec.get("secrets"):
+        return 0
+    attempt.number = jr.current_attempt() + 1  # a guess: the go sets the real one
+    parked, key = attempt.environment(), standby_key(jr)
+    ours, theirs = socket.socketpair()
+    env = {**parked, "TPUPOD_STANDBY_FD": str(theirs.fileno()),
+           "TPUPOD_STANDBY_PRELOAD": ",".join(standby.get("preload") or ()),
+           "TPUPOD_STANDBY_PREPARE": standby.get("prepare") or ""}  # fmt: skip
+    os.makedirs(jr.path("logs"), exist_ok=True)
+    with open(jr.path("logs/standby.log"), "ab") as log:
+        child = subprocess.Popen([os.path.join(attempt.venv, "bin", "python"), "-m",
+                                  "tpupod_job.standby"], cwd=attempt.job_dir, env=env,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 pass_fds=(theirs.fileno(),), preexec_fn=_lowest)  # fmt: skip
+    theirs.close()
+    promoted = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda signum, frame: promoted.set())
+    if not ours.makefile("rb").readline():  # the preload failed: its log says why
+        return child.wait()
+    jr.write_atomic(jr.path(STANDBY_JSON), json.dumps({"pid": os.getpid(), "child": child.pid}))
+    while not promoted.wait(0.1):
+        if child.poll() is not None:
+            _discard(jr, child)
+            return 1
+    why = _refusal(jr, parked, key)
+    if why:
+        jr.write_atomic(jr.path(STANDBY_REFUSED), f"{why}\n")
+        _discard(jr, child)
+        return 0
+    attempt = jr.Attempt()  # as a cold start reads it now (the key says it is unchanged)
+    wanted = attempt.environment()
+    output = attempt.begin()
+    jr.write_atomic(jr.path("job.pid"), f"{os.getpid()}\n")
+    _renice(child.pid)
+    line = _runline(jr)
+    go = {"base": env, "env": wanted, "log": attempt.log, "args": list(line.args),
+          "module": line.module, "script": line.script}  # fmt: skip
+    ours.sendall(json.dumps({"go": go}).encode() + b"\n")
+    output.note(f"promoted the standby (pid {child.pid}): its imports done")
+    os.unlink(jr.path(STANDBY_JSON))
+    return jr.supervise(attempt, output, child)
+
+
+def _runline(jr):
+    from contract import runline
+
+    with open(jr.path("job.json")) as f:
+        return runline.parse(json.load(f)["run"])
+
+
+def _refusal(jr, parked: dict, key: list) -> str | None:
+    """Why the parked attempt cannot be this start's (None: it can): the environment of the
+    `jobctl start` that promotes it (standby.go) is the one a cold start would run with."""
+    try:
+        with open(jr.path(STANDBY_GO), "rb") as f:
+            raw = f.read()
+        os.unlink(jr.path(STANDBY_GO))
+    except OSError as err:
+        return f"no {STANDBY_GO} ({err})"
+    caller = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    os.environ.clear()
+    os.environ.update({k.decode(): v.decode() for k, v in caller.items()})
+    if standby_key(jr) != key:
+        return "the bundle or the bootstrap's files changed since it parked"
+    names = differing(parked, jr.Attempt().environment())
+    return f"the environment differs in {', '.join(names)}" if names else None
+
+
+def _discard(jr, child) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.kill()
+    child.wait()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(jr.path(STANDBY_JSON))
+
+
+def _lowest() -> None:
+    """The parked imports at the lowest priority, where it can be undone (root only)."""
+    if os.geteuid() == 0:
+        os.nice(19)
+
+
+def _renice(pid: int) -> None:
+    if os.geteuid() != 0:
+        return
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, int(task), 0)

@@ -1,0 +1,134 @@
+"""A standby through jobctl.sh and the launcher without systemd (setsid): the job's first
+progress parks its next attempt (imports done, own session); a restart's stop keeps it and the
+start promotes it: job.pid is the parked launcher, the job runs in the parked interpreter as the
+new attempt, its output in the attempt's log. Negative controls: a stop without keep discards it
+(the next start is cold), and a changed job.env is refused (cold, with the reason)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from contract.job import parse
+from infra.bundle_archive import PROJECT_ROOT
+from tests.bootstrap.test_jobctl import Ctl
+
+
+@pytest.fixture
+def ctl(tmp_path):
+    """Roots of our own; after the test, every process running from one of them (the job, a
+    standby parked or still parking: each in a session of its own) is killed by its pid."""
+    made = []
+
+    def make():
+        made.append(Ctl(tmp_path / f"root{len(made)}"))
+        return made[-1]
+
+    yield make
+    ours = str(tmp_path.resolve())
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/cwd").startswith(ours):
+                    os.kill(int(entry), signal.SIGKILL)
+
+
+FAKE = """import json, os, signal, sys, time
+preloaded = "email.message" in sys.modules  # in the preload list; no job imports it
+with open(os.environ["FAKE_RECORD"], "a") as f:
+    f.write(json.dumps({"pid": os.getpid(), "attempt": os.environ["TPUPOD_ATTEMPT"],
+                        "preloaded": preloaded, "argv": sys.argv[1:]}) + "\\n")
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
+step = 0
+while True:
+    step += 1
+    print(f"step {step}", flush=True)
+    time.sleep(0.1)
+"""
+SPEC = r"""run: exec python -m fakejob --x 1
+progress: {regex: 'step (\d+)'}
+standby: {preload: [json, email.message]}
+"""
+
+
+def standby_ctl(ctl) -> Ctl:
+    c = ctl()
+    bundle = c.root / "current"
+    shutil.copytree(PROJECT_ROOT / "bootstrap" / "jobkit", bundle / "bootstrap" / "jobkit")
+    (bundle / "job" / "fakejob").mkdir()
+    (bundle / "job" / "fakejob" / "__main__.py").write_text(FAKE)
+    (c.root / "job.json").write_text(parse(SPEC, "test").to_json())
+    with open(c.root / "job.env", "a") as f:
+        f.write(f"FAKE_RECORD={c.root / 'record.jsonl'}\n")
+    return c
+
+
+def records(c: Ctl) -> list[dict]:
+    path = c.root / "record.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def parked(c: Ctl, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not (c.root / "standby.json").exists():
+        assert time.monotonic() < deadline, (c.log(), (c.root / "logs" / "standby.log"))
+        time.sleep(0.05)
+    return json.loads((c.root / "standby.json").read_text())
+
+
+def test_a_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_it(ctl):
+    c = standby_ctl(ctl)
+    assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
+    standby = parked(c)
+    assert c("stop", TPUPOD_KEEP_STANDBY="1").returncode == 0
+    started = c("start", TPUPOD_ATTEMPT="2")
+    assert started.returncode == 0 and "the standby" in started.stdout, started.stderr
+    assert c.pid() == standby["pid"]
+    c.wait_for("promoted the standby")
+    deadline = time.monotonic() + 20
+    while len(records(c)) < 2:
+        assert time.monotonic() < deadline, c.log()
+        time.sleep(0.05)
+    cold_run, promoted = records(c)
+    assert cold_run == {"pid": cold_run["pid"], "attempt": "1", "preloaded": False,
+                        "argv": ["--x", "1"]}  # fmt: skip
+    assert promoted["pid"] == standby["child"] and promoted["attempt"] == "2"
+    assert promoted["preloaded"] and promoted["argv"] == ["--x", "1"]
+    c.wait_for("step 3")  # the promoted job's output: into job.log through its attempt's log
+    assert "step 1\n" in (c.root / "logs" / "job-attempt-2.log").read_text()
+    parked(c)  # the promoted job's progress parks the next one
+    stopped = c("stop")  # not a restart: the parked one goes too
+    assert stopped.returncode == 0 and (c.root / "job.exit").read_text().strip() == "75"
+    assert not (c.root / "standby.json").exists()
+    assert c("start", TPUPOD_ATTEMPT="3").returncode == 0
+    deadline = time.monotonic() + 20
+    while len(records(c)) < 3:
+        assert time.monotonic() < deadline, c.log()
+        time.sleep(0.05)
+    assert records(c)[2]["preloaded"] is False  # control: cold
+    assert c("stop").returncode == 0
+
+
+def test_a_changed_job_env_is_refused_and_the_start_is_cold(ctl):
+    c = standby_ctl(ctl)
+    assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
+    standby = parked(c)
+    assert c("stop", TPUPOD_KEEP_STANDBY="1").returncode == 0
+    with open(c.root / "job.env", "a") as f:
+        f.write("NEW_SETTING=1\n")  # a rerun of the bootstrap rewrote it
+    started = c("start", TPUPOD_ATTEMPT="2")
+    assert started.returncode == 0, started.stderr
+    assert "standby refused: the bundle or the bootstrap's files changed" in started.stderr
+    assert c.pid() != standby["pid"]
+    deadline = time.monotonic() + 20
+    while len(records(c)) < 2:
+        assert time.monotonic() < deadline, c.log()
+        time.sleep(0.05)
+    assert records(c)[1]["preloaded"] is False and records(c)[1]["attempt"] == "2"
+    assert c("stop").returncode == 0
