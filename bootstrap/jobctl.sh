@@ -51,6 +51,14 @@ launch_env() {
   done
 }
 
+# Execs "$@" with launch_env's environment alone: call it in a subshell or in the background
+# (no shell lingers as the launcher's parent).
+with_launch_env() {
+  local clean
+  mapfile -d '' -t clean < <(launch_env)
+  exec env -i "${clean[@]}" "$@"
+}
+
 # Pids in process group $1 whose working directory is in one of our bundles: our job.
 our_group_members() {
   local member
@@ -132,9 +140,7 @@ promote_standby() {
   rm -f "$ROOT/standby.refused"
   # The environment as a cold launcher would start with it: read by the same interpreter, so
   # its own start-up changes (the C locale's coercion to C.UTF-8) are in it too.
-  local clean
-  mapfile -d '' -t clean < <(launch_env)
-  (umask 077 && env -i "${clean[@]}" "$ROOT/current/.venv/bin/python" -I -S -c \
+  (umask 077 && with_launch_env "$ROOT/current/.venv/bin/python" -I -S -c \
     'import os, sys; sys.stdout.buffer.write(b"\0".join(k + b"=" + v for k, v in os.environb.items()))' \
     >"$ROOT/standby.go.tmp") && mv "$ROOT/standby.go.tmp" "$ROOT/standby.go"
   kill -USR1 "$pid" 2>/dev/null || return 1
@@ -168,9 +174,7 @@ cmd_standby() {
     echo "standby already parked (pid $pid)"
     return 0
   fi
-  local clean
-  mapfile -d '' -t clean < <(launch_env)
-  setsid env -i "${clean[@]}" bash "$ROOT/current/bootstrap/jobctl.sh" __standby \
+  with_launch_env setsid bash "$ROOT/current/bootstrap/jobctl.sh" __standby \
     </dev/null >>"$ROOT/logs/standby.log" 2>&1 &
   echo "standby starting"
 }
@@ -208,9 +212,7 @@ cmd_start() {
     systemctl start "$UNIT"
   else
     # Own session and process group, detached from our stdio; the wrapper writes its pid.
-    local clean
-    mapfile -d '' -t clean < <(launch_env)
-    setsid env -i "${clean[@]}" bash "$ROOT/current/bootstrap/jobctl.sh" __run \
+    with_launch_env setsid bash "$ROOT/current/bootstrap/jobctl.sh" __run \
       </dev/null >>"$LOGFILE" 2>&1 &
   fi
   for _ in $(seq 100); do

@@ -17,13 +17,15 @@ import socket
 import subprocess
 import threading
 
+from bootstrap.jobkit.tpupod_job.standby import FD, OWN, PRELOAD, PREPARE
+from contract import runline
+
 STANDBY_JSON, STANDBY_GO, STANDBY_REFUSED = "standby.json", "standby.go", "standby.refused"
 # Who called jobctl, not what the job runs with: these may differ between the parked
 # environment and the attempt's (TPUPOD_ATTEMPT is the go's to set).
 NOISE = {"_", "SHLVL", "PWD", "OLDPWD", "INVOCATION_ID", "JOURNAL_STREAM", "TPUPOD_ATTEMPT",
          "TPUPOD_STOP_TIMEOUT", "TPUPOD_KEEP_STANDBY"}  # fmt: skip
 NOISE_PREFIXES = ("SUDO_", "SSH_", "MD_", "BASH_FUNC_")
-OWN = ("TPUPOD_STANDBY_FD", "TPUPOD_STANDBY_PRELOAD", "TPUPOD_STANDBY_PREPARE")
 
 
 def standby_key(jr) -> list:
@@ -52,9 +54,8 @@ def park(jr) -> int:
     attempt.number = jr.current_attempt() + 1  # a guess: the go sets the real one
     parked, key = attempt.environment(), standby_key(jr)
     ours, theirs = socket.socketpair()
-    env = {**parked, "TPUPOD_STANDBY_FD": str(theirs.fileno()),
-           "TPUPOD_STANDBY_PRELOAD": ",".join(standby.get("preload") or ()),
-           "TPUPOD_STANDBY_PREPARE": standby.get("prepare") or ""}  # fmt: skip
+    env = {**parked, FD: str(theirs.fileno()), PRELOAD: ",".join(standby.get("preload") or ()),
+           PREPARE: standby.get("prepare") or ""}  # fmt: skip
     os.makedirs(jr.path("logs"), exist_ok=True)
     with open(jr.path("logs/standby.log"), "ab") as log:
         child = subprocess.Popen([os.path.join(attempt.venv, "bin", "python"), "-m",
@@ -71,17 +72,15 @@ def park(jr) -> int:
         if child.poll() is not None:
             _discard(jr, child)
             return 1
-    why = _refusal(jr, parked, key)
+    attempt, wanted, why = _promotion(jr, parked, key)
     if why:
         jr.write_atomic(jr.path(STANDBY_REFUSED), f"{why}\n")
         _discard(jr, child)
         return 0
-    attempt = jr.Attempt()  # as a cold start reads it now (the key says it is unchanged)
-    wanted = attempt.environment()
     output = attempt.begin()
     jr.write_atomic(jr.path("job.pid"), f"{os.getpid()}\n")
     _renice(child.pid)
-    line = _runline(jr)
+    line = runline.parse(attempt.spec["run"])
     go = {"base": env, "env": wanted, "log": attempt.log, "args": list(line.args),
           "module": line.module, "script": line.script}  # fmt: skip
     ours.sendall(json.dumps({"go": go}).encode() + b"\n")
@@ -90,16 +89,9 @@ def park(jr) -> int:
     return jr.supervise(attempt, output, child)
 
 
-def _runline(jr):
-    from contract import runline
-
-    with open(jr.path("job.json")) as f:
-        return runline.parse(json.load(f)["run"])
-
-
-def _refusal(jr, parked: dict, key: list) -> str | None:
-    """Why the parked attempt cannot be this start's (None: it can): the environment of the
-    `jobctl start` that promotes it (standby.go) is the one a cold start would run with."""
+def _as_caller(jr) -> str | None:
+    """Takes the environment of the `jobctl start` that promotes it (standby.go: the one a cold
+    launcher would start with) as this process's own; why not, if it cannot."""
     try:
         with open(jr.path(STANDBY_GO), "rb") as f:
             raw = f.read()
@@ -109,10 +101,21 @@ def _refusal(jr, parked: dict, key: list) -> str | None:
     caller = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     os.environ.clear()
     os.environ.update({k.decode(): v.decode() for k, v in caller.items()})
-    if standby_key(jr) != key:
-        return "the bundle or the bootstrap's files changed since it parked"
-    names = differing(parked, jr.Attempt().environment())
-    return f"the environment differs in {', '.join(names)}" if names else None
+    return None
+
+
+def _promotion(jr, parked: dict, key: list) -> tuple:
+    """(the attempt a cold start would begin now, its environment, None), or (None, None, why
+    the parked one cannot be it)."""
+    why = _as_caller(jr)
+    if why is None and standby_key(jr) != key:
+        why = "the bundle or the bootstrap's files changed since it parked"
+    if why:
+        return None, None, why
+    attempt = jr.Attempt()
+    wanted = attempt.environment()
+    names = differing(parked, wanted)
+    return attempt, wanted, f"the environment differs in {', '.join(names)}" if names else None
 
 
 def _discard(jr, child) -> None:

@@ -98,8 +98,9 @@ def bootstrapped(w: WatcherApi, inc: Incident, detail: str) -> None:
 
 def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> None:
     """stop and clear-locks on every worker (one round trip), then start-all: every worker
-    together, as the next attempt. After a crash the survivors are stuck in a collective and ignore SIGTERM: they get a short
-    grace of their own, not the job's (a preemption's save time); a hung job gets none."""
+    together, as the next attempt. After a crash the survivors are stuck in a collective and
+    ignore SIGTERM: they get a short grace of their own, not the job's (a preemption's save
+    time); a hung job gets none."""
     group = w.workers(None)
     inc.started = started = time.time()
     attempt = w.state.attempt + 1
