@@ -3,7 +3,8 @@
 The faulted run's wall time (first training step -> watch `done`) is split, by worker 0's trainer
 processes (status.json changes and their start-up events), into:
   productive            stepping towards steps that were kept
-  startup               process start -> `setup` (interpreter, imports, JAX init, mesh, data)
+  startup               process start (a standby's: its promotion) -> `setup` (interpreter,
+                        imports, JAX init, mesh, data)
   restore               `setup` -> status `compiling` (the checkpoint restore; its `restored`
                         event when the sampler missed a short `compiling`)
   compile               `compiling` -> the first `training`
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from bench.trainer_log import restore_end, trainer_events
+from bench.trainer_log import process_start, restore_end, trainer_events
 
 CATEGORIES = (
     "productive",
@@ -74,7 +75,7 @@ def breakdown(record, start: float, end: float, source: str = "job") -> dict[str
         lo = segs[i - 1][-1]["t"] if i else start - 3600
         log = trainer_events(lines, lo, seg[-1]["t"] + 1, seg[0]["pid"], seg[0]["heartbeat"])
         started = log.get("started", {}).get("json", {})
-        proc = started.get("process_start") or started.get("time") or seg[0]["heartbeat"]
+        proc = process_start(log) or started.get("time") or seg[0]["heartbeat"]
         setup = log.get("setup", {}).get("json", {}).get("time")
         compiling = (restore_end(seg, log) or {}).get("heartbeat")
         stepping = [s for s in seg if s["state"] in STEPPING]

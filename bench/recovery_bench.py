@@ -8,7 +8,8 @@ Each phase is the gap between two consecutive milestones, so the phases add up t
   saved           old trainer's status `preempted`  recreating    journal `recreated` - seconds
   ready           journal `ready`                   bootstrapped  last bootstrap.json phase end
 then worker 0's new trainer, by its own clock (event `time`s and status.json heartbeats):
-  process_start   `started`.process_start (/proc)   started       its `started` event
+  process_start   `started`.process_start (/proc;   started       its `started` event
+                  a standby's: its promotion)
   imported        `jax_initialized` - its seconds   jax_initialized  that event
   setup           its `setup` event                 restored      status `compiling`
   compiled        its `compiled` event              training      status `training`

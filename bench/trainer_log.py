@@ -22,7 +22,25 @@ def trainer_events(lines: list[dict], t0: float, t1: float, pid: int, up: float)
         if x["json"]["event"] == "started" and x["json"].get("pid") == pid
     ]
     window = window[mine[0] :] if mine else [x for x in window if x["t"] >= up]
-    return {x["json"]["event"]: x for x in reversed(window)}
+    found = {x["json"]["event"]: x for x in reversed(window)}
+    note = f"promoted the standby (pid {pid})"  # the launcher's, in the attempt's log
+    promoted = next((x for x in lines if t0 < x["t"] < t1 and note in x.get("text", "")), None)
+    if promoted is not None:
+        found["promoted"] = promoted
+    return found
+
+
+def process_start(log: dict) -> float | None:
+    """When this trainer's attempt began: its process's start (/proc), or for a standby (its
+    process parked since then) its promotion: the trainer's own `promoted_at`, else (trainers
+    before it) when the sampler saw the launcher's note (0.2 s poll)."""
+    started = log.get("started", {}).get("json", {})
+    if started.get("promoted_at"):
+        return started["promoted_at"]
+    proc = started.get("process_start")
+    if proc is not None and "promoted" in log:
+        return max(proc, log["promoted"]["t"])
+    return proc
 
 
 def trainer_milestones(log: dict) -> dict[str, float]:
@@ -30,8 +48,8 @@ def trainer_milestones(log: dict) -> dict[str, float]:
     m: dict[str, float] = {}
     started, jax_init = log.get("started"), log.get("jax_initialized")
     if started:
-        if started["json"].get("process_start"):
-            m["process_start"] = started["json"]["process_start"]
+        if process_start(log):
+            m["process_start"] = process_start(log)
         m["started"] = stamp(started)
     if jax_init:
         m["imported"] = stamp(jax_init) - jax_init["json"].get("seconds", 0.0)

@@ -122,8 +122,8 @@ install_unit() {
   fi
 }
 
-# The parked next attempt (jobrun.py standby, its own session), or nothing: standby.json's pid
-# counts only while it is that launcher (pids are reused).
+# The next attempt (jobrun.py standby, its own session), parked or still importing, or nothing:
+# standby.json's pid counts only while it is that launcher (pids are reused).
 standby_pid() {
   local pid cmdline
   pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$ROOT/standby.json" 2>/dev/null) || return 1
@@ -132,8 +132,9 @@ standby_pid() {
   [[ "$cmdline" == *"bootstrap/jobrun.py standby"* ]] && echo "$pid"
 }
 
-# Promotes the parked attempt: this call's environment to standby.go, SIGUSR1 to its launcher,
-# which checks it and takes job.pid, or says why not in standby.refused (then: a cold start).
+# Promotes the next attempt: this call's environment to standby.go, SIGUSR1 to its launcher,
+# which checks it and takes job.pid (its job runs once its imports are done), or says why not in
+# standby.refused (then: a cold start).
 promote_standby() {
   local pid
   pid=$(standby_pid) || return 1
@@ -171,7 +172,7 @@ cmd_standby() {
     return 0
   fi
   if pid=$(standby_pid); then
-    echo "standby already parked (pid $pid)"
+    echo "standby already there (pid $pid)"
     return 0
   fi
   with_launch_env setsid bash "$ROOT/current/bootstrap/jobctl.sh" __standby \

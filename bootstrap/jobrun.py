@@ -346,12 +346,17 @@ def run(reference: str | None = None) -> int:
         output.note(str(err))
         output.close()
         return finish(reference, 1)
-    with open(attempt.log, "ab") as out:  # O_APPEND: the job's writes and the notes interleave
-        child = subprocess.Popen(["bash", "-c", SHELL_PROLOGUE + attempt.spec["run"]],
-                                 cwd=attempt.job_dir, env=env, stdin=subprocess.DEVNULL,
-                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    child = launch(attempt, env)
     del env  # the secrets live on in the child's environment only
     return supervise(attempt, output, child)
+
+
+def launch(attempt: Attempt, env: dict) -> subprocess.Popen:
+    """The attempt's run line, cold: its own interpreter under bash."""
+    with open(attempt.log, "ab") as out:  # O_APPEND: the job's writes and the notes interleave
+        return subprocess.Popen(["bash", "-c", SHELL_PROLOGUE + attempt.spec["run"]],
+                                cwd=attempt.job_dir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
 
 
 def supervise(attempt: Attempt, output: Output, child) -> int:

@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -45,8 +46,11 @@ def differing(parked: dict, wanted: dict) -> list[str]:
 
 
 def park(jr) -> int:
-    """`jobrun.py standby`: the job's next attempt, its imports done, waiting for `jobctl
-    start` (SIGUSR1 and standby.go); promoted, this launcher supervises it as `run` would."""
+    """`jobrun.py standby`: the job's next attempt, its imports under way, waiting for `jobctl
+    start` (SIGUSR1 and standby.go); promoted, this launcher supervises it as `run` would. It
+    can be promoted from its start (standby.json names it at once): one promoted while still
+    importing goes on at full priority and runs the job once its imports are done, which is
+    never later than a cold start would (issue 50: faults that come soon after a start)."""
     attempt = jr.Attempt()
     standby = attempt.spec.get("standby")
     if not standby or attempt.spec.get("secrets"):
@@ -65,13 +69,11 @@ def park(jr) -> int:
     theirs.close()
     promoted = threading.Event()
     signal.signal(signal.SIGUSR1, lambda signum, frame: promoted.set())
-    if not ours.makefile("rb").readline():  # the preload failed: its log says why
-        return child.wait()
-    jr.write_atomic(jr.path(STANDBY_JSON), json.dumps({"pid": os.getpid(), "child": child.pid}))
-    while not promoted.wait(0.1):
-        if child.poll() is not None:
-            _discard(jr, child)
-            return 1
+    reader = ours.makefile("rb")
+    ready = _await_promotion(jr, child, reader, promoted)
+    if ready is None:  # the preload failed (its log says why), or the child died parked
+        _discard(jr, child)
+        return 1
     attempt, wanted, why = _promotion(jr, parked, key)
     if why:
         jr.write_atomic(jr.path(STANDBY_REFUSED), f"{why}\n")
@@ -80,13 +82,52 @@ def park(jr) -> int:
     output = attempt.begin()
     jr.write_atomic(jr.path("job.pid"), f"{os.getpid()}\n")
     _renice(child.pid)
+    os.unlink(jr.path(STANDBY_JSON))
+    if not ready:
+        output.note(f"promoted the standby (pid {child.pid}) while it imports: at full priority")
+        if not reader.readline():  # its preload failed, or a stop came first
+            return _cold(jr, attempt, output, wanted, child)
     line = runline.parse(attempt.spec["run"])
     go = {"base": env, "env": wanted, "log": attempt.log, "args": list(line.args),
           "module": line.module, "script": line.script}  # fmt: skip
     ours.sendall(json.dumps({"go": go}).encode() + b"\n")
     output.note(f"promoted the standby (pid {child.pid}): its imports done")
-    os.unlink(jr.path(STANDBY_JSON))
     return jr.supervise(attempt, output, child)
+
+
+def _await_promotion(jr, child, reader, promoted: threading.Event) -> bool | None:
+    """Until SIGUSR1: True when the child parked first (standby.json then says so), False when
+    it is still importing; None when it died first."""
+    ready = False
+    _announce(jr, child, ready)
+    while not promoted.is_set():
+        if child.poll() is not None:
+            return None
+        if ready:
+            promoted.wait(0.1)
+        elif select.select([reader], [], [], 0.1)[0]:
+            if not reader.readline():
+                return None
+            ready = True
+            _announce(jr, child, ready)
+    return ready
+
+
+def _announce(jr, child, parked: bool) -> None:
+    jr.write_atomic(jr.path(STANDBY_JSON),
+                    json.dumps({"pid": os.getpid(), "child": child.pid, "parked": parked}))  # fmt: skip
+
+
+def _cold(jr, attempt, output, wanted: dict, child) -> int:
+    """A standby promoted while importing whose imports failed: the attempt starts cold, as
+    `run` starts it (a standby has no secrets). After a stop it ends as the stop asked."""
+    code = jr.exit_code(child.wait())
+    if attempt.termed.is_set():
+        output.note(f"stopped before the standby's imports were done ({code})")
+        output.close()
+        return jr.finish(None, code)
+    output.note(f"the standby's imports failed ({code}: logs/standby.log): a cold start")
+    return jr.supervise(attempt, output, jr.launch(attempt, wanted))
 
 
 def _as_caller(jr) -> str | None:

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         events.event(
             "started",
             process_start=events.process_start_time(),
+            promoted_at=events.promoted_at(),  # a standby's: when this attempt began
             pid=os.getpid(),
             allocator=allocator.name(),
         )

@@ -25,6 +25,17 @@ def event(name: str, **fields) -> None:
     write({"event": name, "time": now(), **fields})
 
 
+def promoted_at() -> float | None:
+    """When this process, a standby parked since its start, was promoted to be the attempt
+    (tpupod_job.standby); None for a cold start."""
+    from tpupod_job.standby import PROMOTED_AT
+
+    try:
+        return float(os.environ[PROMOTED_AT])
+    except (KeyError, ValueError):
+        return None
+
+
 def process_start_time() -> float | None:
     """When this process started (unix s, 10 ms resolution), from /proc: it includes the
     interpreter's own start-up, which no clock inside Python sees. None without /proc."""

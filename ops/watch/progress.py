@@ -16,6 +16,7 @@ from ops.watch.step_clock import StepClock
 # The run's newest step goes to the journal at most this often (one bucket write each): the
 # samples `tpupod goodput` takes its step time from (ops.watch.goodput).
 PROGRESS_EVERY_S = 60.0
+LOOK_MARGIN_S = 0.02  # past the limit by this when the early probe reads the files
 
 
 class Progress:
@@ -27,6 +28,7 @@ class Progress:
         self._marks: dict[int, tuple] = {}  # worker -> ((state, step, pid), when it last changed)
         self._fallbacks_seen: set[tuple[int, int | None]] = set()
         self._looked = 0.0  # the last track: a change seen now was written after it
+        self._expires: float | None = None  # when the step clock's limit runs out, if it keeps one
 
     def track(self, probes: list[Probe], now: float | None = None) -> None:
         """Progress is the slice's: the age of the newest change of any worker's (state, step)
@@ -46,6 +48,7 @@ class Progress:
                 ages.append(now - last[1])
         limit = self._clock(probes, max(changed, default=now))
         self._looked = now
+        self._expires = now - min(ages) + limit if limit is not None and ages else None
         for p in probes:
             p.progress_age, p.step_limit = min(ages, default=0.0), limit
             if p.attempt is not None:
@@ -57,6 +60,14 @@ class Progress:
         self._journal_progress(now)
         if st.incident is not None and not st.incident.phases:
             st.incident.step = max(st.incident.step, st.last_step)  # steps until it died
+
+    def next_look(self, now: float, poll: float) -> float:
+        """Seconds until the next probe: `poll`, or less when the step clock's limit runs out
+        sooner, so that a hang is seen as its limit passes rather than up to a poll (and a
+        probe) later. A limit already past (a save, an eval: the judge allows those more) waits
+        the poll as before."""
+        left = None if self._expires is None else self._expires - now
+        return left + LOOK_MARGIN_S if left is not None and 0 < left < poll else poll
 
     def _written(self, p: Probe, s, now: float) -> float:
         """When a change the watcher sees now was written, on the watcher's clock: the file's

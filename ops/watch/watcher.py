@@ -112,7 +112,7 @@ class Watcher:
                 if code is not None:
                     self.store.clear()
                     return code
-                time.sleep(self.config.poll)
+                time.sleep(self.progress.next_look(time.time(), self.config.poll))
         except GiveUp as err:
             self.journal.event("gave_up", str(err), failures=self.state.failures)
             self.store.clear()

@@ -57,13 +57,15 @@ standby: {preload: [json, email.message]}
 """
 
 
-def standby_ctl(ctl) -> Ctl:
+def standby_ctl(ctl, spec: str = SPEC, modules: dict[str, str] | None = None) -> Ctl:
     c = ctl()
     bundle = c.root / "current"
     shutil.copytree(PROJECT_ROOT / "bootstrap" / "jobkit", bundle / "bootstrap" / "jobkit")
     (bundle / "job" / "fakejob").mkdir()
     (bundle / "job" / "fakejob" / "__main__.py").write_text(FAKE)
-    (c.root / "job.json").write_text(parse(SPEC, "test").to_json())
+    for name, text in (modules or {}).items():
+        (bundle / "job" / f"{name}.py").write_text(text)
+    (c.root / "job.json").write_text(parse(spec, "test").to_json())
     with open(c.root / "job.env", "a") as f:
         f.write(f"FAKE_RECORD={c.root / 'record.jsonl'}\n")
     return c
@@ -74,12 +76,28 @@ def records(c: Ctl) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def parked(c: Ctl, timeout: float = 30.0) -> dict:
+def standby(c: Ctl, parked: bool = True, timeout: float = 30.0) -> dict:
+    """standby.json once it says `parked` (the imports done), or once it exists."""
     deadline = time.monotonic() + timeout
-    while not (c.root / "standby.json").exists():
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            said = json.loads((c.root / "standby.json").read_text())
+            if said["parked"] or not parked:
+                return said
         assert time.monotonic() < deadline, (c.log(), (c.root / "logs" / "standby.log"))
         time.sleep(0.05)
-    return json.loads((c.root / "standby.json").read_text())
+
+
+def parked(c: Ctl) -> dict:
+    return standby(c)
+
+
+def attempts(c: Ctl, count: int) -> list[dict]:
+    deadline = time.monotonic() + 20
+    while len(records(c)) < count:
+        assert time.monotonic() < deadline, c.log()
+        time.sleep(0.05)
+    return records(c)
 
 
 def test_a_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_it(ctl):
@@ -131,4 +149,41 @@ def test_a_changed_job_env_is_refused_and_the_start_is_cold(ctl):
         assert time.monotonic() < deadline, c.log()
         time.sleep(0.05)
     assert records(c)[1]["preloaded"] is False and records(c)[1]["attempt"] == "2"
+    assert c("stop").returncode == 0
+
+
+SLOW_SPEC = SPEC.replace("[json, email.message]", "[json, email.message, slowimport]")
+SLOW = "import time\ntime.sleep(5)\n"
+
+
+@pytest.mark.parametrize("imports", ["done", "failed", "stopped"])
+def test_a_restart_during_the_standbys_imports_promotes_it(ctl, imports):
+    """A fault soon after a start finds the standby still importing (a 5 s import here): the
+    start promotes it all the same (job.pid at once, the job once the imports are done).
+    Controls: imports that fail after the promotion start the attempt cold; a stop before they
+    are done ends it as the stop asked, with no job started."""
+    slow = SLOW + ("raise ImportError('slowimport: broken')\n" if imports == "failed" else "")
+    c = standby_ctl(ctl, SLOW_SPEC, {"slowimport": slow})
+    assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
+    importing = standby(c, parked=False)
+    assert importing["parked"] is False
+    assert c("stop", TPUPOD_KEEP_STANDBY="1").returncode == 0
+    started = c("start", TPUPOD_ATTEMPT="2")
+    assert started.returncode == 0 and "the standby" in started.stdout, started.stderr
+    assert c.pid() == importing["pid"]
+    if imports == "stopped":  # at once: its imports take 5 s more
+        assert c("stop").returncode == 0
+        assert (c.root / "job.exit").exists() and len(records(c)) == 1, c.log()  # no job ran
+        assert "stopped before the standby's imports were done" in c.log()
+        return
+    c.wait_for("while it imports: at full priority")  # in job.log once the job runs
+    second = attempts(c, 2)[1]
+    assert second["attempt"] == "2" and second["argv"] == ["--x", "1"]
+    if imports == "done":
+        assert second["pid"] == importing["child"] and second["preloaded"]
+        c.wait_for("its imports done")
+    else:
+        assert second["pid"] != importing["child"] and not second["preloaded"]
+        c.wait_for("a cold start")
+    c.wait_for("step 3")
     assert c("stop").returncode == 0

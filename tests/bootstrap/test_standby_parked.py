@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 JOBKIT = Path(__file__).resolve().parents[2] / "bootstrap" / "jobkit"
@@ -78,6 +79,8 @@ def test_a_promoted_standby_runs_the_job_as_a_cold_start_does(tmp_path):
     view = json.loads((tmp_path / "view-2.json").read_text())
     assert view["stdout"].endswith("attempt-2.log") and cold_view["stdout"].endswith("cold.log")
     view["stdout"] = cold_view["stdout"] = "the attempt's log"
+    promoted = float(view["env"].pop("TPUPOD_STANDBY_PROMOTED_AT"))  # the one addition: when
+    assert abs(promoted - time.time()) < 60 and "TPUPOD_STANDBY_PROMOTED_AT" not in cold_view["env"]
     assert view == cold_view
     assert view["env"]["TPUPOD_ATTEMPT"] == "2" and "JOB_GONE" not in view["env"]
     assert (tmp_path / "attempt-2.log").read_text() == "job ran\n"
@@ -128,4 +131,5 @@ def test_the_prepare_hook_re_execs_once_with_its_variables_same_pid(tmp_path):
     control.sendall(json.dumps({"go": go}).encode() + b"\n")
     assert child.wait(timeout=60) == 3
     env = json.loads((tmp_path / "view-2.json").read_text())["env"]
-    assert env["JOB_PREPARED"] == "1" and not any(k.startswith("TPUPOD_STANDBY") for k in env)
+    ours = {k for k in env if k.startswith("TPUPOD_STANDBY")}
+    assert env["JOB_PREPARED"] == "1" and ours == {"TPUPOD_STANDBY_PROMOTED_AT"}  # for the job

@@ -29,10 +29,12 @@ def wait_until(what: str, predicate, timeout: float = 240.0) -> None:
 
 
 def parked(root: Path) -> dict | None:
+    """standby.json once its imports are done (it names the standby from its start)."""
     try:
-        return json.loads((root / "standby.json").read_text())
+        said = json.loads((root / "standby.json").read_text())
     except (OSError, ValueError):
         return None
+    return said if said.get("parked") else None
 
 
 def training_past(root: Path, step: int) -> bool:

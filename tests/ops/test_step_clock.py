@@ -11,7 +11,7 @@ from ops.watch.conditions import WorkerCondition, judge_worker
 from ops.watch.deadlines import Limits, config_for
 from ops.watch.incident import WatchState
 from ops.watch.journal import Journal
-from ops.watch.progress import Progress
+from ops.watch.progress import LOOK_MARGIN_S, Progress
 from ops.watch.step_clock import StepClock
 
 LIMITS = Limits(hang=30, start=300, stall=100)
@@ -141,3 +141,29 @@ def test_a_change_is_dated_when_its_worker_wrote_it_never_before_the_last_look()
     assert abs(age_after(0.4) - 1.4) < 1e-6  # written 0.4 s before the poll that saw it
     assert abs(age_after(5.0) - 1.5) < 1e-6  # older than the last look: dated at that look
     assert abs(age_after(0.0) - 1.0) < 1e-6  # the control: no lag to take off
+
+
+def test_the_next_look_comes_as_the_step_clocks_limit_runs_out():
+    """The watcher probes as the clock's limit passes, not up to a poll later, and that probe
+    tells the hang. Negative controls: a limit far off, one already past (a save: the judge
+    allows it more) and a watch without a clock wait the poll."""
+    limits = config_for("local").limits
+    progress = Progress(WatchState(since=SINCE), Journal(None), JobRules(),
+                        clock=StepClock(limits.step_clock, limits.step_floor))  # fmt: skip
+    now = SINCE
+    for step in range(1, 8):
+        now += 0.3
+        progress.track([status_probe(step, "training", now)], now=now)
+    last = now  # 3 x 0.3 s < the 2 s floor: the limit runs out at last + 2
+    assert progress.next_look(last, 0.5) == 0.5
+    look = last + 1.7
+    progress.track([status_probe(7, "training", look)], now=look)  # nothing new
+    pause = progress.next_look(look, 0.5)
+    assert abs(pause - (0.3 + LOOK_MARGIN_S)) < 1e-9
+    early = status_probe(7, "training", look + pause)
+    progress.track([early], now=look + pause)
+    assert judge_worker(early, SINCE, limits, JobRules(), False).condition is WorkerCondition.HUNG
+    assert progress.next_look(look + pause, 0.5) == 0.5  # already past
+    plain = Progress(WatchState(since=SINCE), Journal(None), JobRules())
+    plain.track([status_probe(1, "training", SINCE)], now=SINCE)
+    assert plain.next_look(SINCE + 1.9, 0.5) == 0.5

@@ -11,6 +11,7 @@ end of a socketpair as fd `$TPUPOD_STANDBY_FD`. Here, in order:
    ends the standby (the launcher starts cold);
 3. one line `{"parked": ...}` on the socket, then a wait for `{"go": ...}`. The socket's end
    before a go (the launcher gone, the standby discarded) exits at once.
+At the go the job also finds `$TPUPOD_STANDBY_PROMOTED_AT`, the time of its promotion.
 
 At the go, the job runs in this process as `python -m MODULE ARGS` (or `python SCRIPT ARGS`)
 would run it: output onto the attempt's log (fds 1 and 2), the environment changed by the
@@ -36,6 +37,9 @@ FD, PRELOAD, PREPARE = "TPUPOD_STANDBY_FD", "TPUPOD_STANDBY_PRELOAD", "TPUPOD_ST
 PREPARED = "TPUPOD_STANDBY_PREPARED"  # set across the one re-exec of step 1
 # Ours: never part of the job's environment, removed before the job runs.
 OWN = (FD, PRELOAD, PREPARE, PREPARED)
+# Set at the go, for the job: when it was promoted (unix s). Its process started when it parked,
+# so /proc's start time is not when this attempt began (the built-in trainer reports both).
+PROMOTED_AT = "TPUPOD_STANDBY_PROMOTED_AT"
 
 
 def prepare(environ: dict) -> dict | None:
@@ -78,6 +82,7 @@ def run_job(go: dict) -> None:
     os.dup2(log, 2)
     os.close(log)
     apply_difference(go["base"], go["env"])
+    os.environ[PROMOTED_AT] = f"{time.time():.3f}"
     sys.modules["__main__"] = types.ModuleType("__main__")
     if go.get("module"):
         sys.argv = ["-m", *go["args"]]
