@@ -15,7 +15,8 @@ def stamp(line: dict) -> float:
 def trainer_events(lines: list[dict], t0: float, t1: float, pid: int, up: float) -> dict:
     """The first event of each name logged by trainer process `pid` between t0 and t1: the lines
     from its `started` on (without one: the lines seen after its first status, `up`)."""
-    window = [x for x in lines if t0 < x["t"] < t1 and "event" in x.get("json", {})]
+    inside = [x for x in lines if t0 < x["t"] < t1]
+    window = [x for x in inside if "event" in x.get("json", {})]
     mine = [
         i
         for i, x in enumerate(window)
@@ -24,7 +25,7 @@ def trainer_events(lines: list[dict], t0: float, t1: float, pid: int, up: float)
     window = window[mine[0] :] if mine else [x for x in window if x["t"] >= up]
     found = {x["json"]["event"]: x for x in reversed(window)}
     note = f"promoted the standby (pid {pid})"  # the launcher's, in the attempt's log
-    promoted = next((x for x in lines if t0 < x["t"] < t1 and note in x.get("text", "")), None)
+    promoted = next((x for x in inside if note in x.get("text", "")), None)
     if promoted is not None:
         found["promoted"] = promoted
     return found
@@ -48,8 +49,8 @@ def trainer_milestones(log: dict) -> dict[str, float]:
     m: dict[str, float] = {}
     started, jax_init = log.get("started"), log.get("jax_initialized")
     if started:
-        if process_start(log):
-            m["process_start"] = process_start(log)
+        if began := process_start(log):
+            m["process_start"] = began
         m["started"] = stamp(started)
     if jax_init:
         m["imported"] = stamp(jax_init) - jax_init["json"].get("seconds", 0.0)

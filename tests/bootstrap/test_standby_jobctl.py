@@ -76,7 +76,7 @@ def records(c: Ctl) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def standby(c: Ctl, parked: bool = True, timeout: float = 30.0) -> dict:
+def await_standby(c: Ctl, parked: bool = True, timeout: float = 30.0) -> dict:
     """standby.json once it says `parked` (the imports done), or once it exists."""
     deadline = time.monotonic() + timeout
     while True:
@@ -86,10 +86,6 @@ def standby(c: Ctl, parked: bool = True, timeout: float = 30.0) -> dict:
                 return said
         assert time.monotonic() < deadline, (c.log(), (c.root / "logs" / "standby.log"))
         time.sleep(0.05)
-
-
-def parked(c: Ctl) -> dict:
-    return standby(c)
 
 
 def attempts(c: Ctl, count: int) -> list[dict]:
@@ -103,32 +99,25 @@ def attempts(c: Ctl, count: int) -> list[dict]:
 def test_a_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_it(ctl):
     c = standby_ctl(ctl)
     assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
-    standby = parked(c)
+    standby = await_standby(c)
     assert c("stop", TPUPOD_KEEP_STANDBY="1").returncode == 0
     started = c("start", TPUPOD_ATTEMPT="2")
     assert started.returncode == 0 and "the standby" in started.stdout, started.stderr
     assert c.pid() == standby["pid"]
     c.wait_for("promoted the standby")
-    deadline = time.monotonic() + 20
-    while len(records(c)) < 2:
-        assert time.monotonic() < deadline, c.log()
-        time.sleep(0.05)
-    cold_run, promoted = records(c)
+    cold_run, promoted = attempts(c, 2)
     assert cold_run == {"pid": cold_run["pid"], "attempt": "1", "preloaded": False,
                         "argv": ["--x", "1"]}  # fmt: skip
     assert promoted["pid"] == standby["child"] and promoted["attempt"] == "2"
     assert promoted["preloaded"] and promoted["argv"] == ["--x", "1"]
     c.wait_for("step 3")  # the promoted job's output: into job.log through its attempt's log
     assert "step 1\n" in (c.root / "logs" / "job-attempt-2.log").read_text()
-    parked(c)  # the promoted job's progress parks the next one
+    await_standby(c)  # the promoted job's progress parks the next one
     stopped = c("stop")  # not a restart: the parked one goes too
     assert stopped.returncode == 0 and (c.root / "job.exit").read_text().strip() == "75"
     assert not (c.root / "standby.json").exists()
     assert c("start", TPUPOD_ATTEMPT="3").returncode == 0
-    deadline = time.monotonic() + 20
-    while len(records(c)) < 3:
-        assert time.monotonic() < deadline, c.log()
-        time.sleep(0.05)
+    attempts(c, 3)
     assert records(c)[2]["preloaded"] is False  # control: cold
     assert c("stop").returncode == 0
 
@@ -136,7 +125,7 @@ def test_a_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_it(ctl)
 def test_a_changed_job_env_is_refused_and_the_start_is_cold(ctl):
     c = standby_ctl(ctl)
     assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
-    standby = parked(c)
+    standby = await_standby(c)
     assert c("stop", TPUPOD_KEEP_STANDBY="1").returncode == 0
     with open(c.root / "job.env", "a") as f:
         f.write("NEW_SETTING=1\n")  # a rerun of the bootstrap rewrote it
@@ -144,10 +133,7 @@ def test_a_changed_job_env_is_refused_and_the_start_is_cold(ctl):
     assert started.returncode == 0, started.stderr
     assert "standby refused: the bundle or the bootstrap's files changed" in started.stderr
     assert c.pid() != standby["pid"]
-    deadline = time.monotonic() + 20
-    while len(records(c)) < 2:
-        assert time.monotonic() < deadline, c.log()
-        time.sleep(0.05)
+    attempts(c, 2)
     assert records(c)[1]["preloaded"] is False and records(c)[1]["attempt"] == "2"
     assert c("stop").returncode == 0
 
@@ -165,7 +151,7 @@ def test_a_restart_during_the_standbys_imports_promotes_it(ctl, imports):
     slow = SLOW + ("raise ImportError('slowimport: broken')\n" if imports == "failed" else "")
     c = standby_ctl(ctl, SLOW_SPEC, {"slowimport": slow})
     assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
-    importing = standby(c, parked=False)
+    importing = await_standby(c, parked=False)
     assert importing["parked"] is False
     assert c("stop", TPUPOD_KEEP_STANDBY="1").returncode == 0
     started = c("start", TPUPOD_ATTEMPT="2")
