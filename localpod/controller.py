@@ -110,6 +110,28 @@ class Controller:
         strays = [p for p in procs.descendants(os.getpid(), everything) if p.pid not in kept]
         procs.send(strays, signal.SIGKILL)
 
+    def _start_emulator(self, bucket: str) -> None:
+        self.emulator = storage.start_emulator(
+            self.layout["emulator_port"], bucket, self.paths.storage, self.paths.emulator_log,
+            pod_dir=self.paths.root, listeners=storage_listeners(self.layout, self.gate.policy),
+        )  # fmt: skip
+
+    def _emulator_ready(self, bucket: str, operator: str) -> None:
+        """Until the bucket answers. The emulator's port was held, then released for it to bind:
+        one another process took in between ends the emulator at once, and it starts again on a
+        port held anew (the workers, booted after this, read the layout's port)."""
+        for attempt in range(storage.PORT_ATTEMPTS):
+            try:
+                storage.wait_ready(self.emulator, self.layout["emulator_url"], bucket,
+                                   token=operator)  # fmt: skip
+                return
+            except storage.PortTaken:
+                if attempt == storage.PORT_ATTEMPTS - 1:
+                    raise
+            port = procs.free_port("0.0.0.0")  # free on every address
+            self.layout.update(emulator_port=port, emulator_url=f"http://127.0.0.1:{port}")
+            self._start_emulator(bucket)
+
     def start(self) -> None:
         if not self.paths.client_key.exists():  # the operator's key, kept across pods
             write_ed25519_key(self.paths.client_key, comment="tpupod-local")
@@ -118,10 +140,7 @@ class Controller:
         if self.gate is None:
             raise PodError(f"no IAM policy in {self.paths.root / POLICY_FILE}: `up` writes it")
         key = tokens.read_key(self.paths.root)
-        self.emulator = storage.start_emulator(
-            self.layout["emulator_port"], bucket, self.paths.storage, self.paths.emulator_log,
-            pod_dir=self.paths.root, listeners=storage_listeners(self.layout, self.gate.policy),
-        )  # fmt: skip
+        self._start_emulator(bucket)
         store = MetadataStore(token_key=key)
         self.metadata = MetadataServer(
             self.layout["addresses"], self.layout["metadata_port"], store
@@ -151,7 +170,7 @@ class Controller:
         self.api.controller = self  # type: ignore[attr-defined]
         threading.Thread(target=self.api.serve_forever, kwargs={"poll_interval": 0.2}).start()
         operator = tokens.mint(key, OPERATOR.split(":", 1)[1])  # the bucket's owner asks
-        storage.wait_ready(self.emulator, self.layout["emulator_url"], bucket, token=operator)
+        self._emulator_ready(bucket, operator)
         pod = {
             **self.layout,
             "pod_dir": str(self.paths.root),

@@ -9,6 +9,7 @@ pod's own calls are the operator's: `pulumi up` uploads the bundle).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -24,6 +25,13 @@ from urllib.parse import quote
 from infra.bundle_archive import Bundle
 from localpod.gcp import emulator
 from localpod.procs import free_port
+
+PORT_ATTEMPTS = 3  # a port is picked free, then bound by the emulator: another process may win
+
+
+class PortTaken(RuntimeError):
+    """The emulator's port was bound by another process between its pick and the emulator's bind
+    (the emulator exits with EADDRINUSE): start it again on a port picked again."""
 
 
 def emulator_command(port: int, bucket: str) -> list[str]:
@@ -60,6 +68,8 @@ def wait_ready(proc: subprocess.Popen, url: str, bucket: str, timeout: float = 6
     request = urllib.request.Request(f"{url}/storage/v1/b/{bucket}", headers=auth(token))
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if proc.returncode == errno.EADDRINUSE:
+                raise PortTaken(f"gcp-storage-emulator: its port was taken ({url})")
             raise RuntimeError(f"gcp-storage-emulator exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(request, timeout=2) as resp:
@@ -75,22 +85,29 @@ def wait_ready(proc: subprocess.Popen, url: str, bucket: str, timeout: float = 6
 def running_emulator(bucket: str, log: Path | None = None) -> Iterator[str]:
     """A standalone emulator on a free loopback port, for benchmarks and tests that need GCS but
     no pod: yields its URL once `bucket` answers; its process group is killed on exit."""
-    port = free_port("127.0.0.1")
-    out = log.open("ab") if log is not None else subprocess.DEVNULL
-    try:
-        proc = subprocess.Popen(emulator_command(port, bucket), stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    finally:
-        if log is not None:
-            out.close()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(proc, url, bucket, timeout=30.0)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port("127.0.0.1")
+        out = log.open("ab") if log is not None else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(emulator_command(port, bucket), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        finally:
+            if log is not None:
+                out.close()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            try:
+                wait_ready(proc, url, bucket, timeout=30.0)
+            except PortTaken:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                continue
+            yield url
+            return
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def auth(token: str | None) -> dict[str, str]:
