@@ -174,8 +174,11 @@ def _lowest() -> None:
 
 
 def _renice(pid: int) -> None:
+    """Every thread of the promoted child (nice is per thread) at the priority a cold start's
+    child would inherit: this launcher's own."""
     if os.geteuid() != 0:
         return
+    own = os.getpriority(os.PRIO_PROCESS, 0)
     for task in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, int(task), 0)
+            os.setpriority(os.PRIO_PROCESS, int(task), own)

@@ -41,9 +41,10 @@ def ctl(tmp_path):
 
 FAKE = """import json, os, signal, sys, time
 preloaded = "email.message" in sys.modules  # in the preload list; no job imports it
+nice = {t: os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}
 with open(os.environ["FAKE_RECORD"], "a") as f:
     f.write(json.dumps({"pid": os.getpid(), "attempt": os.environ["TPUPOD_ATTEMPT"],
-                        "preloaded": preloaded, "argv": sys.argv[1:]}) + "\\n")
+                        "preloaded": preloaded, "argv": sys.argv[1:], "nice": nice}) + "\\n")
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
 step = 0
 while True:
@@ -107,7 +108,7 @@ def test_a_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_it(ctl)
     c.wait_for("promoted the standby")
     cold_run, promoted = attempts(c, 2)
     assert cold_run == {"pid": cold_run["pid"], "attempt": "1", "preloaded": False,
-                        "argv": ["--x", "1"]}  # fmt: skip
+                        "argv": ["--x", "1"], "nice": cold_run["nice"]}  # fmt: skip
     assert promoted["pid"] == standby["child"] and promoted["attempt"] == "2"
     assert promoted["preloaded"] and promoted["argv"] == ["--x", "1"]
     c.wait_for("step 3")  # the promoted job's output: into job.log through its attempt's log
@@ -172,4 +173,33 @@ def test_a_restart_during_the_standbys_imports_promotes_it(ctl, imports):
         assert second["pid"] != importing["child"] and not second["preloaded"]
         c.wait_for("a cold start")
     c.wait_for("step 3")
+    assert c("stop").returncode == 0
+
+
+THREAD_SPEC = SPEC.replace("[json, email.message]", "[json, email.message, threadpark]")
+THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+
+
+def nice_of(pid: int) -> dict[str, int]:
+    return {t: os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the standby parks at low priority as root only")
+def test_a_promoted_standby_runs_every_thread_at_the_cold_starts_priority(ctl):
+    """The parked imports run at nice 19 (beside a training job); promoted, every thread of the
+    interpreter, one its preload started included, is back at the cold start's priority. The
+    control is the parked interpreter itself: before its promotion each of its threads reads 19,
+    so a launcher that skipped the renice would fail here."""
+    c = standby_ctl(ctl, THREAD_SPEC, {"threadpark": THREAD})
+    assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
+    standby = await_standby(c)
+    parked = nice_of(standby["child"])
+    assert len(parked) >= 2 and set(parked.values()) == {19}, parked
+    assert c("stop", TPUPOD_KEEP_STANDBY="1").returncode == 0
+    assert c("start", TPUPOD_ATTEMPT="2").returncode == 0
+    cold_run, promoted = attempts(c, 2)
+    assert promoted["pid"] == standby["child"] and promoted["preloaded"]
+    assert set(promoted["nice"]) >= set(parked)  # the preload's thread among them
+    ours = os.getpriority(os.PRIO_PROCESS, 0)  # what the launchers start at, as jobctl's caller
+    assert set(promoted["nice"].values()) == set(cold_run["nice"].values()) == {ours}
     assert c("stop").returncode == 0

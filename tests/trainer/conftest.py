@@ -3,23 +3,17 @@ gcp-storage-emulator on 127.0.0.1 (a reusable function-level helper)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import gcsfs
 import pytest
 
-from localpod.gcp.storage import emulator_command
+from localpod.gcp import storage
 
 # --import-mode=importlib puts no test directory on sys.path; the helpers live beside us.
 sys.path.insert(0, str(Path(__file__).parent))
-from trainer_testlib import Trainer, free_port, gcs_env, trainer_env  # noqa: E402
+from trainer_testlib import Trainer, gcs_env, trainer_env  # noqa: E402
 
 
 @pytest.fixture
@@ -42,33 +36,16 @@ def spawn():
 @pytest.fixture
 def gcs_emulator(monkeypatch):
     """A gcp-storage-emulator on 127.0.0.1 with bucket `tpupod-test`; yields its env vars (also
-    applied to this test process, so gcsfs here sees the same bucket)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        emulator_command(port, "tpupod-test"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b", timeout=1)
-                break
-            except OSError:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError("gcp-storage-emulator did not start") from None
-                time.sleep(0.2)
-        env = gcs_env(port)
+    applied to this test process, so gcsfs here sees the same bucket). Started as the benchmarks
+    start theirs: on a port picked again if another process takes it first."""
+    with storage.running_emulator("tpupod-test") as url:
+        env = gcs_env(int(url.rsplit(":", 1)[1]))
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         # fsspec keeps one GCSFileSystem per constructor arguments, made with the environment
         # of its day: an earlier test's (another emulator, or none: storage.googleapis.com).
         gcsfs.GCSFileSystem.clear_instance_cache()
-        yield env
-    finally:
-        gcsfs.GCSFileSystem.clear_instance_cache()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        try:
+            yield env
+        finally:
+            gcsfs.GCSFileSystem.clear_instance_cache()
