@@ -119,18 +119,25 @@ class Controller:
     def _emulator_ready(self, bucket: str, operator: str) -> None:
         """Until the bucket answers. The emulator's port was held, then released for it to bind:
         one another process took in between ends the emulator at once, and it starts again on a
-        port held anew (the workers, booted after this, read the layout's port)."""
-        for attempt in range(storage.PORT_ATTEMPTS):
-            try:
-                storage.wait_ready(self.emulator, self.layout["emulator_url"], bucket,
-                                   token=operator)  # fmt: skip
-                return
-            except storage.PortTaken:
-                if attempt == storage.PORT_ATTEMPTS - 1:
-                    raise
-            port = procs.free_port("0.0.0.0")  # free on every address
+        port picked anew, none of the pod's others (the workers, booted after this, read the
+        layout's port)."""
+        others = {self.layout["coordinator_port"], self.layout["metadata_port"],
+                  *self.layout["ssh_ports"]}  # fmt: skip
+
+        def start(port: int):
             self.layout.update(emulator_port=port, emulator_url=f"http://127.0.0.1:{port}")
             self._start_emulator(bucket)
+            return self.emulator
+
+        def pick() -> int:
+            while (port := procs.free_port("0.0.0.0")) in others:  # free on every address
+                pass
+            return port
+
+        def wait(proc, port: int) -> None:
+            storage.wait_ready(proc, f"http://127.0.0.1:{port}", bucket, token=operator)
+
+        storage.ready_on_a_free_port(self.emulator, self.layout["emulator_port"], start, wait, pick)
 
     def start(self) -> None:
         if not self.paths.client_key.exists():  # the operator's key, kept across pods

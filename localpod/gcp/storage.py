@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -81,30 +81,54 @@ def wait_ready(proc: subprocess.Popen, url: str, bucket: str, timeout: float = 6
     raise RuntimeError(f"gcp-storage-emulator not ready after {timeout:.0f} s")
 
 
+def ready_on_a_free_port(proc: subprocess.Popen, port: int,
+                         start: Callable[[int], subprocess.Popen],
+                         wait: Callable[[subprocess.Popen, int], None],
+                         pick: Callable[[], int] = lambda: free_port("0.0.0.0")) -> int:  # fmt: skip
+    """`wait(proc, port)` until the emulator serves; one whose port another process took first
+    (PortTaken: it exited at once) is started again by `start` on a port `pick`ed anew, up to
+    PORT_ATTEMPTS in all. Returns the port it serves on; `start` keeps each process it starts
+    (its caller stops them)."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            wait(proc, port)
+            return port
+        except PortTaken:
+            if attempt == PORT_ATTEMPTS:
+                raise
+        proc.wait()
+        port = pick()
+        proc = start(port)
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def running_emulator(bucket: str, log: Path | None = None) -> Iterator[str]:
     """A standalone emulator on a free loopback port, for benchmarks and tests that need GCS but
     no pod: yields its URL once `bucket` answers; its process group is killed on exit."""
-    for attempt in range(PORT_ATTEMPTS):
-        port = free_port("127.0.0.1")
+    started: list[subprocess.Popen] = []
+
+    def start(port: int) -> subprocess.Popen:
         out = log.open("ab") if log is not None else subprocess.DEVNULL
         try:
-            proc = subprocess.Popen(emulator_command(port, bucket), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            started.append(subprocess.Popen(emulator_command(port, bucket), stdin=subprocess.DEVNULL,
+                                            stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True))  # fmt: skip
         finally:
             if log is not None:
                 out.close()
-        try:
-            url = f"http://127.0.0.1:{port}"
-            try:
-                wait_ready(proc, url, bucket, timeout=30.0)
-            except PortTaken:
-                if attempt == PORT_ATTEMPTS - 1:
-                    raise
-                continue
-            yield url
-            return
-        finally:
+        return started[-1]
+
+    def url(port: int) -> str:
+        return f"http://127.0.0.1:{port}"
+
+    try:
+        port = free_port("127.0.0.1")
+        port = ready_on_a_free_port(start(port), port, start,
+                                    lambda proc, p: wait_ready(proc, url(p), bucket, timeout=30.0))  # fmt: skip
+        yield url(port)
+    finally:
+        for proc in started:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)

@@ -32,3 +32,31 @@ def test_a_taken_port_ends_the_emulator_at_once(tmp_path):
 def test_an_emulator_on_a_free_port_still_starts():  # the control: no port taken, no PortTaken
     with storage.running_emulator("tpupod-free") as url:
         assert url.startswith("http://127.0.0.1:")
+
+
+def test_an_emulator_whose_port_was_taken_serves_on_one_picked_anew(tmp_path):
+    """The retry both the pod's controller and running_emulator start through: the first start
+    finds its port taken, the second serves the bucket on another port."""
+    started = []
+
+    def start(port: int):
+        started.append(storage.start_emulator(port, "tpupod-moved", tmp_path / "data",
+                                              tmp_path / "log"))  # fmt: skip
+        return started[-1]
+
+    def wait(proc, port: int) -> None:
+        storage.wait_ready(proc, f"http://127.0.0.1:{port}", "tpupod-moved", timeout=60)
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as thief:
+        thief.bind(("127.0.0.1", 0))
+        thief.listen()
+        taken = thief.getsockname()[1]
+        try:
+            port = storage.ready_on_a_free_port(start(taken), taken, start, wait)
+            assert port != taken and len(started) == 2
+            assert started[0].returncode is not None and started[1].poll() is None
+            assert storage.list_objects(f"http://127.0.0.1:{port}", "tpupod-moved", "") == []
+        finally:
+            for proc in started:
+                proc.kill()
+                proc.wait(timeout=10)
