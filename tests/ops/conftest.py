@@ -77,9 +77,15 @@ class LoopbackSSHD:
     def stop_listening(self) -> None:
         """Closes the listener (new connections fail) but keeps the loop for a later start()."""
         if self._server is not None:
-            self._server.close()
-            asyncio.run_coroutine_threadsafe(self._server.wait_closed(), self._loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._close(self._server), self._loop).result(10)
             self._server = None
+
+    @staticmethod
+    async def _close(server) -> None:
+        """On the loop's thread: asyncio's Server is not thread-safe, and a close() from the test's
+        thread raced a connection's detach, both waking the waiters (CI stop 63's teardown error)."""
+        server.close()
+        await server.wait_closed()
 
     def stop(self) -> None:
         self.stop_listening()
