@@ -246,19 +246,30 @@ def _make_slice(tmp: Path, workers: int):
     store = MetadataStore()
     server = MetadataServer(addresses, port, store)
     server.start()
-    storage_port = procs.free_port("127.0.0.1")
-    storage_url = f"http://127.0.0.1:{storage_port}"
-    emulator = storage.start_emulator(storage_port, BUCKET, tmp / "gcs", tmp / "gcs.log")
+    started: list = []
+
+    def start(p: int):
+        started.append(storage.start_emulator(p, BUCKET, tmp / "gcs", tmp / "gcs.log"))
+        return started[-1]
+
+    def wait(proc, p: int) -> None:
+        storage.wait_ready(proc, f"http://127.0.0.1:{p}", BUCKET)
+
     try:
-        storage.wait_ready(emulator, storage_url, BUCKET)
+        storage_port = procs.free_port("127.0.0.1")
+        # another xdist worker may take the port between the pick and the bind: pick again
+        storage_port = storage.ready_on_a_free_port(start(storage_port), storage_port, start, wait)
+        storage_url = f"http://127.0.0.1:{storage_port}"
         env_seed.plant(storage_url, BUCKET)  # the session's environments (tests/conftest.py)
         made = Slice(tmp, addresses, store, port, storage_url)
         yield made
         if made.carry_environments:
             env_seed.harvest(storage_url, BUCKET)
     finally:
-        os.killpg(emulator.pid, signal.SIGTERM)
-        emulator.wait(timeout=10)
+        for emulator in started:
+            with contextlib.suppress(ProcessLookupError):  # one whose port was taken has exited
+                os.killpg(emulator.pid, signal.SIGTERM)
+            emulator.wait(timeout=10)
         server.stop()
 
 

@@ -140,7 +140,18 @@ def test_a_changed_job_env_is_refused_and_the_start_is_cold(ctl):
 
 
 SLOW_SPEC = SPEC.replace("[json, email.message]", "[json, email.message, slowimport]")
-SLOW = "import time\ntime.sleep(5)\n"
+# The import lasts until the test releases it (capped at 120 s), not a fixed 5 s: a stop, a start
+# and a stop must all land while it imports, however loaded the machine.
+SLOW = """import os, time
+release = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slowimport.release")
+deadline = time.monotonic() + 120
+while not os.path.exists(release) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+def release_slow_import(c: Ctl) -> None:
+    (c.root / "current" / "job" / "slowimport.release").touch()
 
 
 @pytest.mark.parametrize("imports", ["done", "failed", "stopped"])
@@ -158,11 +169,12 @@ def test_a_restart_during_the_standbys_imports_promotes_it(ctl, imports):
     started = c("start", TPUPOD_ATTEMPT="2")
     assert started.returncode == 0 and "the standby" in started.stdout, started.stderr
     assert c.pid() == importing["pid"]
-    if imports == "stopped":  # at once: its imports take 5 s more
+    if imports == "stopped":  # at once: its imports are not released
         assert c("stop").returncode == 0
         assert (c.root / "job.exit").exists() and len(records(c)) == 1, c.log()  # no job ran
         assert "stopped before the standby's imports were done" in c.log()
         return
+    release_slow_import(c)
     c.wait_for("while it imports: at full priority")  # in job.log once the job runs
     second = attempts(c, 2)[1]
     assert second["attempt"] == "2" and second["argv"] == ["--x", "1"]

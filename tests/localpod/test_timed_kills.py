@@ -19,7 +19,7 @@ from trainer.status import StatusFile
 f = StatusFile(sys.argv[1])
 for state in sys.argv[2:]:
     f.update(state=state)
-    time.sleep(0.5)
+    time.sleep(2.0)  # a state outlasts the kill's delay (0.1 s) on a loaded machine too
 time.sleep(60)
 """
 

@@ -112,6 +112,8 @@ def dummy_token() -> str:
     import tempfile
 
     path = Path(tempfile.gettempdir()) / f"tpupod-test-token-{os.getuid()}"
-    if not path.exists():
-        path.write_text("ya29.not-a-real-token\n")
+    if not path.exists():  # xdist workers may race here: each writes whole, then renames
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("ya29.not-a-real-token\n")
+        os.replace(tmp, path)
     return str(path)

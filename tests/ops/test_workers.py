@@ -83,9 +83,13 @@ def test_failure_names_the_worker(pod, tmp_path):
 def test_transient_ssh_failure_is_retried_with_backoff(pod):
     workers = workers_of(pod)
     pod[1].stop_listening()  # connection refused until it comes back
-    threading.Timer(1.0, pod[1].start).start()
-    with WorkerGroup(workers, retries=4, backoff=0.5) as group:
-        outcomes = group.run("echo hi")
+    comes_back = threading.Timer(1.0, pod[1].start)
+    comes_back.start()
+    try:
+        with WorkerGroup(workers, retries=4, backoff=0.5) as group:
+            outcomes = group.run("echo hi")
+    finally:
+        comes_back.join(15)  # its start() done before the teardown stops the server
     assert all(o.ok and o.stdout.strip() == "hi" for o in outcomes.values()), outcomes
 
 
