@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 from bench.campaign_report import summarise
 from bench.podrun import RunRecord, run_on_pod
 from bench.recovery_bench import HANG_S, checkpoint_interval, incidents
+from bench.trainer_bench import REPO
 from localpod import faults
 from localpod.faults import KINDS
 from ops.json_file import write_atomic
 
+SURVEY_TIMEOUT_S = 600  # every step of a leg read in full
 # Fault kind -> weight in the random mix.
 MIX = {"notice": 3, "kill": 3, "crash": 2, "hang": 2, "save-kill": 2, "stockout": 1,
        "watch-kill": 1, "damaged-newest": 1, "restore-kill": 1}  # fmt: skip
@@ -77,21 +81,28 @@ def end_of_leg(pod) -> dict:
 
 
 def survey_checkpoints(pod) -> dict:
-    """Every step the job's workdir still holds, read in full: (un)readable and set aside."""
-    import argparse
-
-    from ops.commands.checkpoint_run import locate
-    from ops.commands.checkpoints import survey
-
+    """Every step the job's workdir still holds, read in full (`tpupod checkpoints --json`):
+    (un)readable and set aside. In a process of its own: tensorstore keeps one Google auth
+    provider per process, made with the token it first read, so a survey in the campaign's
+    process sent the first leg's pod token to every later leg's emulator, which refused it, and
+    every step of those legs read as unreadable (2026-12-05's campaign)."""
+    command = [sys.executable, "-m", "ops", "checkpoints", "--stack", "local",
+               "--pod-dir", str(pod.paths.root), "--json"]  # fmt: skip
     try:
-        args = argparse.Namespace(stack="local", pod_dir=pod.paths.root, workdir=None)
-        reports = survey(locate(args), read_values=True)
-    except Exception as err:  # noqa: BLE001 - the check's own failure is reported, not fatal
-        return {"error": f"{type(err).__name__}: {err}"[:300]}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SURVEY_TIMEOUT_S,
+                              cwd=REPO)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"tpupod checkpoints: no answer in {SURVEY_TIMEOUT_S} s"}
+    try:
+        reports = json.loads(done.stdout.strip().splitlines()[-1])["steps"]
+    except (ValueError, IndexError, KeyError):  # the check's own failure is reported, not fatal
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return {"error": f"tpupod checkpoints: {why}"[:300]}
     return {
-        "steps": [r.step for r in reports if r.committed and not r.set_aside],
-        "unreadable": [r.name for r in reports if r.committed and r.readable is False],
-        "set_aside": [r.name for r in reports if r.set_aside],
+        "steps": [r["step"] for r in reports if r["committed"] and not r["set_aside"]],
+        "unreadable": [r["name"] for r in reports if r["committed"] and r["readable"] is False],
+        "set_aside": [r["name"] for r in reports if r["set_aside"]],
+        "problems": {r["name"]: r["problem"] for r in reports if r["problem"]},
     }
 
 
