@@ -198,9 +198,9 @@ class Checkpoints:
         return busy
 
     def save(self, step: int, state, data_iter, periodic: bool = False) -> None:
-        """Starts a save. A periodic one (the loop's, saves async) costs the loop the state's copy
-        to host memory only: a thread starts Orbax's save of that copy (trainer.save_start says
-        why). A preemption or final save, or any with checkpoint_async=false, starts here, once
+        """Starts a save. A periodic one (the loop's, saves async) costs the loop the dispatch of
+        the state's copy to host memory only: a thread awaits that copy and starts Orbax's save
+        of it (trainer.save_start says why). A preemption or final save, or any with checkpoint_async=false, starts here, once
         a periodic one still starting has. Orbax first waits for the previous save to finish,
         so that one counts as committed from then on (else saves closer together than the polls
         would never show in `committed`). A periodic save that found the previous still writing
@@ -211,7 +211,7 @@ class Checkpoints:
             self._time_policy.started()
         data = frozen(data_iter)  # now: the loop moves the iterator on at the next step
         if periodic and self.asynchronous:
-            self._starter.start(self._start, step, host_copy(state), data)
+            self._starter.start(self._start_copied, step, host_copy(state), data)
         else:
             self._starter.join() if periodic else self._settle(step)
             self._start(step, state, data)
@@ -236,6 +236,10 @@ class Checkpoints:
             with self._lock:
                 self._pending = None  # never committed
         self._manifest_due.clear()  # a failed save's step would take this one's manifest
+
+    def _start_copied(self, step: int, copies, data) -> None:
+        """On the starter's thread: the host copy the loop dispatched, once it is done."""
+        self._start(step, jax.block_until_ready(copies), data)
 
     def _start(self, step: int, state, data) -> None:
         """Orbax's save of `step`, on the loop or on the starter's thread."""

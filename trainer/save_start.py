@@ -5,9 +5,13 @@ Orbax's `CheckpointManager.save` blocks its caller for more than that copy: two 
 processes, a look at the bucket for the step's directory, a fresh event loop and a thread per
 commit future. On the local pod's two `tiny` workers that was ~0.25 s a save (bench
 goodput-survive: 3.3 % of the run at a save every 100 steps). The train step donates the state,
-so Orbax cannot read it later from another thread: the loop first copies it to host memory
-(`pinned_host`, where the devices have it; a device copy where not), waits for that copy, and
-a thread hands the copy to Orbax, whose own transfer is then host to host.
+so Orbax cannot read it later from another thread: the loop dispatches a copy of it to host
+memory (`pinned_host`, where the devices have it; a device copy where not) and goes on; a thread
+waits for that copy and hands it to Orbax, whose own transfer is then host to host. The copy is
+not awaited on the loop: it waits for the step that computes the state, still running when the
+loop saves, so awaiting it there held the loop for the rest of that step. The next step donates
+the state the copy reads; the runtime runs the copy first (a donation never changes an array
+already made from the donated one: JAX's value semantics).
 
 Three things make Orbax's save safe off the loop's thread: its barriers go through the
 distributed client, not `sync_global_devices` (a collective program, which must not run beside
@@ -36,7 +40,8 @@ def _has_pinned_host(devices: frozenset) -> bool:
 
 
 def host_copy(tree):
-    """Every jax.Array leaf copied to host memory in its own sharding, the copies finished."""
+    """Every jax.Array leaf copied to host memory in its own sharding: dispatched, not awaited
+    (the save's thread awaits it, `jax.block_until_ready`)."""
 
     def copy(leaf):
         if not isinstance(leaf, jax.Array):
@@ -45,7 +50,7 @@ def host_copy(tree):
             return jax.device_put(leaf, leaf.sharding.with_memory_kind("pinned_host"))
         return leaf.copy()  # a device without host memory kinds: a copy the step cannot donate
 
-    return jax.block_until_ready(jax.tree.map(copy, tree))
+    return jax.tree.map(copy, tree)
 
 
 class SaveStarter:

@@ -6,6 +6,7 @@ and Orbax never asks JAX about the preemption sync point."""
 from __future__ import annotations
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,26 @@ def test_the_host_copy_outlives_the_donated_state():
         np.asarray(state["w"])
     for key, value in expected.items():
         assert np.array_equal(np.asarray(copy[key]), value)
+
+
+def test_the_copy_does_not_wait_for_the_step_still_computing_the_state():
+    """The loop saves the state of a step still running: the copy is dispatched and the loop
+    goes on; the next step donates that state, and the copy still holds the step's values.
+    Control: awaiting the copy takes the rest of the step (so the step was in flight)."""
+    slow = jax.jit(lambda s: {"w": jax.lax.fori_loop(
+        0, 300, lambda i, w: jnp.tanh(w @ w / 512.0), s["w"])})  # fmt: skip
+    start = {"w": jax.random.normal(jax.random.key(0), (512, 512), jnp.float32)}
+    expected = np.array(slow(start)["w"])  # also compiles it
+    t0 = time.perf_counter()
+    state = slow(start)  # in flight
+    copy = save_start.host_copy(state)
+    dispatched = time.perf_counter() - t0
+    _donating_step()(state)  # the next step donates the state the copy reads
+    ready = jax.block_until_ready(copy)
+    done = time.perf_counter() - t0
+    assert state["w"].is_deleted() and done >= 0.2, done  # control: a step that takes a while
+    assert dispatched < done / 3, (dispatched, done)
+    assert np.array_equal(np.asarray(ready["w"]), expected)
 
 
 def test_without_pinned_host_memory_the_device_copy_outlives_it(monkeypatch):
