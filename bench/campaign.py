@@ -168,7 +168,8 @@ def run(
     `kinds`: these faults in order instead of `count` drawn by `seed`; `min_steps`: steps
     between a recovery and the next fault (default: a checkpoint interval + 50, so every fault
     finds a newer committed step to lose); the job's steps are `min_steps + slack` per fault
-    (a fault waits for a healthy poll, a save-kill for a save) and `tail` more;
+    (a fault waits for a healthy poll, a save-kill for a save) and `tail` more, the last half
+    of it free of faults (each needs steps after it to show its recovery);
     `storage_errors`: the share of the bucket's requests that fail (429, 503, dropped) in
     every leg, from the pod's up to its end (the boots' downloads and the reference included)."""
     if kinds is not None:
@@ -193,7 +194,7 @@ def run(
         record = run_on_pod(
             folder / "pod",
             args,
-            {"kinds": legs[index], "min_steps": min_steps},
+            {"kinds": legs[index], "min_steps": min_steps, "end_step": steps - tail // 2},
             workers=workers,
             storage_faults=storage if storage_errors else None,
             notice=notice,

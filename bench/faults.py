@@ -56,6 +56,10 @@ class Schedule:
     notice: float = 30.0
     stop_steps: int | None = None
     cycle: bool = False  # repeat `kinds` until the job is done
+    # No fault at or past this step: a fault needs steps after it to show its recovery (a
+    # restore-kill injected at a run's last step resumed there, the run was done, and it was
+    # counted as not recovered: 2026-12-05's campaign).
+    end_step: int | None = None
     # Before the first fault: e.g. the job's environment published (what hours of a real run
     # have done by their first preemption), so every fault meets the steady state.
     ready: Callable[[], bool] | None = None
@@ -89,6 +93,8 @@ class Schedule:
             return
         last = self.injected[-1]["time"] if self.injected else self._start
         if now - last < self.period or step - self._healthy_step < self.min_steps:
+            return
+        if self.end_step is not None and step >= self.end_step:
             return
         if kind in ONLY_WHILE_SAVING and not saving(probes):
             return

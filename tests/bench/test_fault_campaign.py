@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from bench import campaign, campaign_report, recovery_bench
+from bench import campaign, campaign_report, faults, recovery_bench
 
 
 def test_plan_is_seeded_and_the_state_resumes_only_the_same_campaign(tmp_path: Path):
@@ -26,6 +27,27 @@ def _fault(kind, lost, rec, committed_lost=False):
     return {"kind": kind, "step": 100, "committed_before": 100, "restored_from": 100,
             "recovered": rec is not None, "committed_lost": committed_lost,
             "steps_lost": lost, "recovery_s": rec}  # fmt: skip
+
+
+def test_no_fault_is_injected_at_or_past_the_schedules_end_step(monkeypatch):
+    """A fault needs steps after it to show its recovery; control: one step earlier it goes."""
+
+    class Probe:
+        alive = True
+
+        def __init__(self, step: int):
+            self.status = SimpleNamespace(state="training", step=step)
+
+        def current(self, since):
+            return self.status
+
+    watcher = SimpleNamespace(state=SimpleNamespace(incident=None, since=0.0))
+    for step, goes in ((100, False), (150, False), (99, True)):
+        schedule = faults.Schedule(pod=None, kinds=["crash"], end_step=100)
+        injected: list[int] = []
+        monkeypatch.setattr(schedule, "inject", lambda w, kind, at, into=injected: into.append(at))
+        schedule(watcher, [Probe(step)])
+        assert injected == ([step] if goes else []), step
 
 
 def test_report_judges_every_goal():
