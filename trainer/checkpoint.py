@@ -198,13 +198,11 @@ class Checkpoints:
         return busy
 
     def save(self, step: int, state, data_iter, periodic: bool = False) -> None:
-        """Starts a save. A periodic one (the loop's, saves async) costs the loop the dispatch of
-        the state's copy to host memory only: a thread awaits that copy and starts Orbax's save
-        of it (trainer.save_start says why). A preemption or final save, or any with checkpoint_async=false, starts here, once
-        a periodic one still starting has. Orbax first waits for the previous save to finish,
-        so that one counts as committed from then on (else saves closer together than the polls
-        would never show in `committed`). A periodic save that found the previous still writing
-        stalled training: the longest such save() is `waited_behind_s`."""
+        """Starts a save. A periodic one (async) costs the loop the dispatch of the state's host
+        copy: a thread awaits it and starts Orbax's save (trainer.save_start). Any other starts
+        here, once a periodic one still starting has. Orbax first waits for the previous save, so
+        that one counts as committed from then on (else saves closer than the polls would never
+        show in `committed`). `waited_behind_s`: the longest save() behind a previous one."""
         t0 = time.perf_counter()
         behind = self._writer_busy_here()
         if self._time_policy is not None:
