@@ -194,7 +194,12 @@ def run(
         record = run_on_pod(
             folder / "pod",
             args,
-            {"kinds": legs[index], "min_steps": min_steps, "end_step": steps - tail // 2},
+            {
+                "kinds": legs[index],
+                "min_steps": min_steps,
+                "end_step": steps - tail // 2,
+                "save_every": interval,
+            },
             workers=workers,
             storage_faults=storage if storage_errors else None,
             notice=notice,

@@ -38,9 +38,23 @@ def healthy(watcher, probes) -> int | None:
     return min(s.step for s in fresh)
 
 
-def saving(probes) -> bool:
-    """Some worker's job is in a save right now (as this poll saw it)."""
-    return any(p.status and p.status.state == "saving" for p in probes)
+def saving(probes, every: int | None = None) -> bool:
+    """Some worker's job is in a save right now, as this poll saw it: its status says `saving`
+    (a save on the loop), or, with the bucket's saves every `every` steps, the newest save point
+    it passed is newer than its last committed step: a periodic save a thread still writes (the
+    loop's own part of it lasts milliseconds, which a poll a second apart all but never saw; a
+    save-kill then waited minutes while the campaign's job ran out). The status's committed step
+    is as fresh as its last report, so such a kill may land just after the commit."""
+    for probe in probes:
+        s = probe.status
+        if s is None:
+            continue
+        if s.state == "saving":
+            return True
+        point = s.step - s.step % every if every else 0
+        if point > 0 and s.state == "training" and (s.last_checkpoint or -1) < point:
+            return True
+    return False
 
 
 @dataclass
@@ -60,6 +74,7 @@ class Schedule:
     # restore-kill injected at a run's last step resumed there, the run was done, and it was
     # counted as not recovered: 2026-12-05's campaign).
     end_step: int | None = None
+    save_every: int | None = None  # the bucket's interval: a save in flight counts as saving
     # Before the first fault: e.g. the job's environment published (what hours of a real run
     # have done by their first preemption), so every fault meets the steady state.
     ready: Callable[[], bool] | None = None
@@ -96,7 +111,7 @@ class Schedule:
             return
         if self.end_step is not None and step >= self.end_step:
             return
-        if kind in ONLY_WHILE_SAVING and not saving(probes):
+        if kind in ONLY_WHILE_SAVING and not saving(probes, self.save_every):
             return
         if (missing := faults.lacks(self.pod, kind)) is not None:
             self._waiting(watcher, kind, step, missing)

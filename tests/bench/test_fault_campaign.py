@@ -50,6 +50,24 @@ def test_no_fault_is_injected_at_or_past_the_schedules_end_step(monkeypatch):
         assert injected == ([step] if goes else []), step
 
 
+def test_a_save_in_flight_counts_as_saving_for_a_save_kill():
+    """A periodic save a thread still writes (the newest save point passed, not yet committed)
+    counts; controls: committed, before the first save point, no interval given, not training."""
+
+    def probe(state: str, step: int, committed: int | None):
+        return SimpleNamespace(status=SimpleNamespace(state=state, step=step,
+                                                      last_checkpoint=committed))  # fmt: skip
+
+    assert faults.saving([probe("saving", 7, None)])
+    assert faults.saving([probe("training", 120, 50)], every=50)  # step 100's save in flight
+    assert faults.saving([probe("training", 60, None)], every=50)  # the first one
+    assert not faults.saving([probe("training", 120, 100)], every=50)  # committed
+    assert not faults.saving([probe("training", 40, None)], every=50)  # no save point yet
+    assert not faults.saving([probe("training", 120, 50)])  # no interval: the status alone
+    assert not faults.saving([probe("compiling", 120, 50)], every=50)
+    assert not faults.saving([SimpleNamespace(status=None), probe("training", 130, 100)], every=50)
+
+
 def test_report_judges_every_goal():
     leg = {"outcome": "done", "fingerprint_equal": True, "checkpoints": {"unreadable": [],
            "set_aside": [], "steps": [300]}, "faults": [  # fmt: skip
