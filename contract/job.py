@@ -98,6 +98,11 @@ class JobSpec(BaseModel):
     secrets: dict[str, str] = Field(default_factory=dict)  # variable -> Secret Manager id
     startup_timeout_s: float | None = Field(default=None, gt=0)
     hang_after_s: float | None = Field(default=None, gt=0)
+    # What a hang's forensics keep before its restart: every thread's Python stack with its
+    # locals (py-spy, milliseconds a process), or those and the native frames too (XLA,
+    # libtpu, a collective: py-spy --native reads every library's symbols, ~0.6 s a process on
+    # the local pod's 2 cores, and every such second is the whole slice's, idle).
+    hang_stacks: Literal["python", "native"] = "python"
     max_restarts: int = Field(default=3, ge=0)
     backoff_s: float = Field(default=2.0, gt=0)
     progress: Literal["status", "none"] | RegexProgress = "status"

@@ -2,9 +2,12 @@
 
 On every worker, as root (the job is root's; `sudo -n` when the login is not root): the Python
 stacks of each Python process in the job's process tree (the launcher in `job.pid` and its
-descendants), every thread, native frames where py-spy can read them (a
-stopped process cannot be suspended: then `--nonblocking`; failing natives: local variables), and
-the last lines of job.log. py-spy comes from the worker's own environment (the bundle's
+descendants), every thread with its arguments and locals, native frames too where the job's
+spec asks for them (`hang_stacks: native`; failing natives: without them), and the last lines
+of job.log. A stopped process cannot be suspended: it is read with `--nonblocking`, no locals.
+Natives are not the default: py-spy reads every loaded library's symbols for them (0.6-0.7 s
+for a JAX process on the local pod's 2 cores, 10 ms without), and the capture holds the hang's
+restart; Google's own cloud-tpu-diagnostics keeps Python stacks alone. py-spy comes from the worker's own environment (the bundle's
 `.venv`, where it is a tpupod dependency) or the worker's PATH. One file per worker lands in
 `<journal dir>/incidents/<N>/worker-<i>.txt` and, when `watch` keeps its state in the bucket
 (always, from the CLI), in `gs://BUCKET/ops/<stack>/incidents/<N>/`: the watcher VM's disk is out
@@ -14,6 +17,7 @@ of the operator's reach. The journal line `forensics` names them, and
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +29,12 @@ from ops.fleet.workers import WorkerGroup, as_root
 LOG_LINES = 80
 SPY_TIMEOUT_S = 20
 # Runs under bash as root with $TPUPOD_ROOT set (ops.fleet.workers.as_root).
-SCRIPT = f"""R="$TPUPOD_ROOT"
+# py-spy's ways to read a process, tried in turn until one works ($modes).
+MODES = {
+    True: ("--native --locals", "--locals", "--nonblocking"),
+    False: ("--locals", "--nonblocking"),
+}
+TEMPLATE = f"""R="$TPUPOD_ROOT"
 p=$(cat "$R/job.pid" 2>/dev/null || true)
 spy=
 for c in "$R/current/.venv/bin/py-spy" "$(command -v py-spy 2>/dev/null)"; do
@@ -44,13 +53,14 @@ for q in $tree; do
   case "${{exe##*/}}" in python*) ;; *) continue ;; esac
   echo "@@ process $q: $(tr '\\0' ' ' < "/proc/$q/cmdline" 2>/dev/null)"
   if [ -z "$spy" ]; then echo "(no py-spy on this worker: no stacks)"; continue; fi
-  modes="--native --locals --nonblocking"
+  modes=(@MODES@)
   case "$(cut -d' ' -f3 "/proc/$q/stat" 2>/dev/null)" in
-    T|t) echo "(process stopped, e.g. SIGSTOP: read without suspending it)"; modes=--nonblocking;;
+    T|t) echo "(process stopped, e.g. SIGSTOP: read without suspending it)"; modes=(--nonblocking);;
   esac
   ok=
-  for mode in $modes; do
-    if out=$(timeout {SPY_TIMEOUT_S} "$spy" dump --pid "$q" "$mode" 2>&1); then
+  for mode in "${{modes[@]}}"; do
+    # shellcheck disable=SC2086 # a mode is one or more flags
+    if out=$(timeout {SPY_TIMEOUT_S} "$spy" dump --pid "$q" $mode 2>&1); then
       echo "$out"; ok=1; break
     fi
   done
@@ -60,6 +70,11 @@ done
 echo "@@ last {LOG_LINES} lines of job.log"
 tail -n {LOG_LINES} "$R/job.log" 2>/dev/null || echo "(no job.log)"
 """
+
+
+def script(native: bool) -> str:
+    """SCRIPT with py-spy's modes for this job: native frames first where it asks for them."""
+    return TEMPLATE.replace("@MODES@", " ".join(shlex.quote(m) for m in MODES[native]))
 
 
 def incidents_dir(journal_path: Path | None) -> Path | None:
@@ -75,9 +90,9 @@ def next_number(root: Path | None, in_bucket: set[int] = frozenset()) -> int:
     return max(taken, default=0) + 1
 
 
-def collect(group: WorkerGroup, reason: str) -> dict[str, str]:
-    """Runs SCRIPT on every worker at once: file name -> text, one file per worker."""
-    outcomes = group.run(as_root(SCRIPT), timeout=3 * SPY_TIMEOUT_S + 30)
+def collect(group: WorkerGroup, reason: str, native: bool = False) -> dict[str, str]:
+    """Runs the script on every worker at once: file name -> text, one file per worker."""
+    outcomes = group.run(as_root(script(native)), timeout=3 * SPY_TIMEOUT_S + 30)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     texts = {}
     for index, out in sorted(outcomes.items()):
@@ -132,7 +147,8 @@ def capture_hang(watcher, inc, bucket=None) -> None:
         if group is None:
             workers = watcher.describe()
             group = watcher.workers(workers.workers if workers else None)
-        texts = collect(group, inc.reason)
+        rules = getattr(getattr(watcher, "config", None), "rules", None)
+        texts = collect(group, inc.reason, native=bool(rules and rules.native_stacks))
         collected = time.time()
         number, files, failed = keep(texts, incidents_dir(watcher.journal.path), bucket)
     except Exception as err:  # noqa: BLE001 - evidence is a bonus; the restart must go on

@@ -16,6 +16,7 @@ class JobRules:
     preempted: frozenset[int] = frozenset({EXIT_PREEMPTED})
     fatal: frozenset[int] = frozenset({EXIT_BAD_INPUT})
     reports_progress: bool = True  # `progress: none`: judged by process liveness alone
+    native_stacks: bool = False  # `hang_stacks: native`: a hang's forensics read native frames
 
     @classmethod
     def of(cls, spec) -> JobRules:
@@ -24,4 +25,5 @@ class JobRules:
             preempted=frozenset(spec.exit_codes.preempted),
             fatal=frozenset(spec.exit_codes.fatal),
             reports_progress=spec.progress != "none",
+            native_stacks=spec.hang_stacks == "native",
         )

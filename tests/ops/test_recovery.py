@@ -302,7 +302,7 @@ def test_every_waiting_condition_has_one_deadline_and_one_event_after_it():
 def test_deadlines_come_from_the_profile_then_the_job_then_the_flags():
     class Spec:  # the fields of contract.job.JobSpec that watch reads
         startup_timeout_s, hang_after_s, max_restarts, backoff_s = 120, 45, 5, 7.0
-        steps, progress = 100, "status"
+        steps, progress, hang_stacks = 100, "status", "native"
         exit_codes = type("Codes", (), {"preempted": [75], "fatal": [2]})
 
     local = config_for("local")
@@ -310,6 +310,7 @@ def test_deadlines_come_from_the_profile_then_the_job_then_the_flags():
         PROFILES["local"]["hang"], PROFILES["local"]["stall"], PROFILES["local"]["ready"])  # fmt: skip
     assert config_for("gcp").limits == Limits()  # the dataclass defaults are GCP's profile
     job = config_for("gcp", Spec)
+    assert job.rules.native_stacks and not config_for("gcp").rules.native_stacks
     assert (job.limits.start, job.limits.stall, job.max_failures, job.backoff_base) == (
         120, 45, 5, 7.0)  # fmt: skip
     flags = config_for("gcp", Spec, hang=9.0, stall=11.0, max_failures=0, backoff=0.5)
