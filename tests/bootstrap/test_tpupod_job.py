@@ -107,3 +107,30 @@ def test_a_jobs_local_tier_round_trips_a_sharded_state_bitwise_and_refuses_what_
     run = subprocess.run([sys.executable, "-c", LOCAL_TIER_JOB, str(tmp_path / "local")],
                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+def test_wait_for_coordinator_returns_once_the_port_listens():
+    """A process other than 0 waits for process 0's service before JAX connects (gRPC would
+    back off a second after a refusal): True once a listener appears, False at the timeout with
+    none (the control: the same port, closed)."""
+    import socket
+    import threading
+    import time
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    assert tpupod_job.wait_for_coordinator(f"127.0.0.1:{port}", timeout_s=0.3) is False
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    later = threading.Timer(0.3, lambda: (server.bind(("127.0.0.1", port)), server.listen()))
+    started = time.monotonic()
+    later.start()
+    try:
+        assert tpupod_job.wait_for_coordinator(f"127.0.0.1:{port}", timeout_s=30) is True
+        assert time.monotonic() - started >= 0.3  # it waited for the listener, not past it
+    finally:
+        later.join()
+        server.close()

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -103,8 +104,11 @@ def init(timeout_s: int = 1800, *, distributed: bool | None = None, jax_cache: b
         # too old to name the setting has no other.
         with contextlib.suppress(AttributeError, ValueError):
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        address = os.environ["JAX_COORDINATOR_ADDRESS"]
+        if process_id() != 0:
+            wait_for_coordinator(address, timeout_s)
         jax.distributed.initialize(
-            coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+            coordinator_address=address,
             num_processes=count,
             process_id=process_id(),
             initialization_timeout=timeout_s,
@@ -116,6 +120,24 @@ def init(timeout_s: int = 1800, *, distributed: bool | None = None, jax_cache: b
         jax.config.update("jax_compilation_cache_dir", cache.rstrip("/") + "/jax")
     _initialized, _distributed = True, distributed
     return distributed
+
+
+def wait_for_coordinator(address: str, timeout_s: float, every_s: float = 0.01) -> bool:
+    """Until process 0's coordination service at `address` (host:port) accepts a connection,
+    or `timeout_s`. Why: a client that connects before the service listens is refused, and gRPC
+    then waits its default 1 s reconnect backoff (XLA's channel sets no other) while process 0
+    waits for it at the registration barrier: a start, and so every restart of the slice, up to
+    a second slower at random. Returns whether it accepted; JAX's own timeout judges the rest."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(every_s)
 
 
 def checkpoint_manager(directory: str | None = None, *, save_interval_steps: int | None = None,
