@@ -4,11 +4,12 @@ On every worker, as root (the job is root's; `sudo -n` when the login is not roo
 stacks of each Python process in the job's process tree (the launcher in `job.pid` and its
 descendants), every thread with its arguments and locals, native frames too where the job's
 spec asks for them (`hang_stacks: native`; failing natives: without them), and the last lines
-of job.log. A stopped process cannot be suspended: it is read with `--nonblocking`, no locals.
+of job.log. A stopped process cannot be suspended: it is read with `--nonblocking` (it runs
+no code meanwhile, so its locals read consistently).
 Natives are not the default: py-spy reads every loaded library's symbols for them (0.6-0.7 s
 for a JAX process on the local pod's 2 cores, 10 ms without), and the capture holds the hang's
-restart; Google's own cloud-tpu-diagnostics keeps Python stacks alone. py-spy comes from the worker's own environment (the bundle's
-`.venv`, where it is a tpupod dependency) or the worker's PATH. One file per worker lands in
+restart; Google's own cloud-tpu-diagnostics keeps Python stacks alone. py-spy comes from the
+worker's own environment (the bundle's `.venv`, where it is a tpupod dependency) or its PATH. One file per worker lands in
 `<journal dir>/incidents/<N>/worker-<i>.txt` and, when `watch` keeps its state in the bucket
 (always, from the CLI), in `gs://BUCKET/ops/<stack>/incidents/<N>/`: the watcher VM's disk is out
 of the operator's reach. The journal line `forensics` names them, and
@@ -55,7 +56,8 @@ for q in $tree; do
   if [ -z "$spy" ]; then echo "(no py-spy on this worker: no stacks)"; continue; fi
   modes=(@MODES@)
   case "$(cut -d' ' -f3 "/proc/$q/stat" 2>/dev/null)" in
-    T|t) echo "(process stopped, e.g. SIGSTOP: read without suspending it)"; modes=(--nonblocking);;
+    T|t) echo "(process stopped, e.g. SIGSTOP: read without suspending it)"
+         modes=("--nonblocking --locals" --nonblocking);;
   esac
   ok=
   for mode in "${{modes[@]}}"; do

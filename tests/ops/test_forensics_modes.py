@@ -98,6 +98,7 @@ def test_a_stopped_job_is_read_without_suspending_it(job):
     os.kill(child, signal.SIGSTOP)
     text = capture(root, native=True)
     assert "process stopped" in text and "stuck_in_known_function" in text
+    assert "a_local: 42" in text  # stopped, it runs nothing: its locals read as they are
 
 
 def test_the_job_spec_chooses_and_python_is_the_default():
