@@ -5,11 +5,11 @@ stacks of each Python process in the job's process tree (the launcher in `job.pi
 descendants), every thread with its arguments and locals, native frames too where the job's
 spec asks for them (`hang_stacks: native`; failing natives: without them), and the last lines
 of job.log. A stopped process cannot be suspended: it is read with `--nonblocking` (it runs
-no code meanwhile, so its locals read consistently).
-Natives are not the default: py-spy reads every loaded library's symbols for them (0.6-0.7 s
-for a JAX process on the local pod's 2 cores, 10 ms without), and the capture holds the hang's
-restart; Google's own cloud-tpu-diagnostics keeps Python stacks alone. py-spy comes from the
-worker's own environment (the bundle's `.venv`, where it is a tpupod dependency) or its PATH. One file per worker lands in
+no code meanwhile, so its locals read consistently). Natives are not the default: py-spy reads
+every loaded library's symbols for them (0.6-0.7 s for a JAX process on the local pod's 2
+cores, 10 ms without), and the capture holds the hang's restart; Google's own
+cloud-tpu-diagnostics keeps Python stacks alone. py-spy comes from the worker's own environment
+(the bundle's `.venv`, where it is a tpupod dependency) or its PATH. One file per worker lands in
 `<journal dir>/incidents/<N>/worker-<i>.txt` and, when `watch` keeps its state in the bucket
 (always, from the CLI), in `gs://BUCKET/ops/<stack>/incidents/<N>/`: the watcher VM's disk is out
 of the operator's reach. The journal line `forensics` names them, and
@@ -30,11 +30,13 @@ from ops.fleet.workers import WorkerGroup, as_root
 LOG_LINES = 80
 SPY_TIMEOUT_S = 20
 # Runs under bash as root with $TPUPOD_ROOT set (ops.fleet.workers.as_root).
-# py-spy's ways to read a process, tried in turn until one works ($modes).
+# py-spy's ways to read a process, tried in turn until one works ($modes): a running one as
+# the job's spec asks (natives or not), a stopped one without suspending it.
 MODES = {
     True: ("--native --locals", "--locals", "--nonblocking"),
     False: ("--locals", "--nonblocking"),
 }
+STOPPED_MODES = ("--nonblocking --locals", "--nonblocking")
 TEMPLATE = f"""R="$TPUPOD_ROOT"
 p=$(cat "$R/job.pid" 2>/dev/null || true)
 spy=
@@ -57,7 +59,7 @@ for q in $tree; do
   modes=(@MODES@)
   case "$(cut -d' ' -f3 "/proc/$q/stat" 2>/dev/null)" in
     T|t) echo "(process stopped, e.g. SIGSTOP: read without suspending it)"
-         modes=("--nonblocking --locals" --nonblocking);;
+         modes=(@STOPPED@);;
   esac
   ok=
   for mode in "${{modes[@]}}"; do
@@ -75,8 +77,9 @@ tail -n {LOG_LINES} "$R/job.log" 2>/dev/null || echo "(no job.log)"
 
 
 def script(native: bool) -> str:
-    """SCRIPT with py-spy's modes for this job: native frames first where it asks for them."""
-    return TEMPLATE.replace("@MODES@", " ".join(shlex.quote(m) for m in MODES[native]))
+    """TEMPLATE with py-spy's modes for this job: native frames first where it asks for them."""
+    modes, stopped = (" ".join(map(shlex.quote, m)) for m in (MODES[native], STOPPED_MODES))
+    return TEMPLATE.replace("@MODES@", modes).replace("@STOPPED@", stopped)
 
 
 def incidents_dir(journal_path: Path | None) -> Path | None:
@@ -149,8 +152,7 @@ def capture_hang(watcher, inc, bucket=None) -> None:
         if group is None:
             workers = watcher.describe()
             group = watcher.workers(workers.workers if workers else None)
-        rules = getattr(getattr(watcher, "config", None), "rules", None)
-        texts = collect(group, inc.reason, native=bool(rules and rules.native_stacks))
+        texts = collect(group, inc.reason, native=watcher.config.rules.native_stacks)
         collected = time.time()
         number, files, failed = keep(texts, incidents_dir(watcher.journal.path), bucket)
     except Exception as err:  # noqa: BLE001 - evidence is a bonus; the restart must go on
