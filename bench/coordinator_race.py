@@ -50,8 +50,12 @@ def one_round(mode: str, lead: float, folder: Path) -> float:
     release = [folder / f"release-{mode}-{i}" for i in (0, 1)]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     procs = [
-        subprocess.Popen([sys.executable, "-c", CHILD, str(i), address, mode, str(release[i])],
-                         env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(i), address, mode, str(release[i])],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
         for i in (0, 1)
     ]
     try:
