@@ -134,3 +134,32 @@ def test_wait_for_coordinator_returns_once_the_port_listens():
     finally:
         later.join()
         server.close()
+
+
+_BUDGET = """
+import jax, tpupod_job
+seen = {}
+jax.distributed.initialize = lambda **kw: seen.update(kw)  # records what init passes, only
+tpupod_job.init(timeout_s=3)
+print(seen["initialization_timeout"])
+"""
+
+
+def test_the_coordinator_wait_and_initialize_share_one_timeout(tmp_path):
+    """A coordinator that never listens costs `timeout_s` in all, not twice: process 1 waits it
+    out and JAX gets what is left (1 s, its least); process 0 waits for nobody (the control)."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {**os.environ, "TPUPOD_NUM_PROCESSES": "2", "JAX_PLATFORMS": "cpu",
+           "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}"}  # fmt: skip
+    env.pop("TPUPOD_COMPILE_CACHE", None)
+    given = {}
+    for pid in ("1", "0"):
+        run = subprocess.run([sys.executable, "-c", _BUDGET], env={**env, "TPUPOD_PROCESS_ID": pid},
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        given[pid] = int(run.stdout.split()[-1])
+    assert given == {"1": 1, "0": 3}

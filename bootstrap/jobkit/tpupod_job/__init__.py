@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -105,13 +106,14 @@ def init(timeout_s: int = 1800, *, distributed: bool | None = None, jax_cache: b
         with contextlib.suppress(AttributeError, ValueError):
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         address = os.environ["JAX_COORDINATOR_ADDRESS"]
+        deadline = time.monotonic() + timeout_s  # the wait and the initialize share it
         if process_id() != 0:
             wait_for_coordinator(address, timeout_s)
         jax.distributed.initialize(
             coordinator_address=address,
             num_processes=count,
             process_id=process_id(),
-            initialization_timeout=timeout_s,
+            initialization_timeout=max(1, math.ceil(deadline - time.monotonic())),
         )
     else:
         signal.signal(signal.SIGTERM, lambda *_: _term.set())
