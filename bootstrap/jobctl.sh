@@ -3,11 +3,12 @@
 #
 # Used by startup.sh and by the ops layer over SSH:
 #   "${TPUPOD_ROOT:-/var/lib/tpupod}/current/bootstrap/jobctl.sh" stop
-# Where systemd runs, the job is the unit tpupod-job.service; elsewhere (the local pod) it runs in
-# its own session via setsid with its pid (= process group) in job.pid. Either way the group's
-# leader is bootstrap/jobrun.py (`__run`), which runs the job's `run` with its environment from
-# $TPUPOD_ROOT/current/job, and writes the job's exit code to job.exit when it ends. Nothing
-# restarts a job on its own: a multi-host job restarts as a whole, from the ops layer.
+# Where systemd runs, the job is an instance of the unit tpupod-job@.service (run-ID; a promoted
+# standby keeps its standby-ID); elsewhere (the local pod) it runs in its own session via setsid.
+# Either way its pid (= process group) is in job.pid and the group's leader is bootstrap/jobrun.py
+# (`__run`), which runs the job's `run` with its environment from $TPUPOD_ROOT/current/job, and
+# writes the job's exit code to job.exit when it ends. Nothing restarts a job on its own: a
+# multi-host job restarts as a whole, from the ops layer.
 #   start        start the job (TPUPOD_ATTEMPT=N: as attempt N); a no-op while it runs; exit 3 if
 #                it started but has already exited (its code is in job.exit: the job's failure,
 #                not the launch's)
@@ -16,6 +17,7 @@
 #   clear-locks  remove libtpu's lockfile (refused while the job runs)
 #   status       print running/exited/stopped; exit 0 only while it runs
 #   bundle       print the sha256 of the bundle the running job uses; exit 1 if none runs
+#   standby      park the job's next attempt, its imports done (the job's launcher calls it)
 set -euo pipefail
 
 ROOT="${TPUPOD_ROOT:-/var/lib/tpupod}"
@@ -27,26 +29,58 @@ ATTEMPTFILE="$ROOT/job.attempt"
 grace=$(sed -n 's/^TPUPOD_GRACE_S=\([0-9][0-9]*\)$/\1/p' "$ENVFILE" 2>/dev/null || true)
 STOP_TIMEOUT="${TPUPOD_STOP_TIMEOUT:-${grace:-60}}"
 LOCKFILE="${TPUPOD_LIBTPU_LOCKFILE:-/tmp/libtpu_lockfile}"
-UNIT=tpupod-job.service
+TEMPLATE=tpupod-job@.service
+# The system manager's units (GCP's workers). TPUPOD_SYSTEMD_SCOPE=user: a user manager's, the
+# same units without root's /etc (tests run one: tests/bootstrap/test_standby_systemd.py).
+if [ "${TPUPOD_SYSTEMD_SCOPE:-system}" = user ]; then
+  SYSTEMCTL=(systemctl --user)
+  UNIT_DIR="${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"
+else
+  SYSTEMCTL=(systemctl)
+  UNIT_DIR=/etc/systemd/system
+fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
 # /proc/PID/cwd is a physical path: compare with ROOT's.
 ROOT_PHYSICAL="$(cd "$ROOT" 2>/dev/null && pwd -P || echo "$ROOT")"
 
-have_systemd() { [ -d /run/systemd/system ]; }
+# systemd's own test (sd_booted), or a unit's mark: every process of a unit has INVOCATION_ID,
+# also where the unit's sandbox shows it another /run. Never on a local pod's worker
+# (TPUPOD_NO_SYSTEMD, from its environment), whose host may well run systemd.
+have_systemd() {
+  [ -z "${TPUPOD_NO_SYSTEMD:-}" ] && { [ -d /run/systemd/system ] || [ -n "${INVOCATION_ID:-}" ]; }
+}
 
-# The launcher's environment without systemd, as a unit's is with it: the same whoever starts
-# the job (the startup script at boot, ops over SSH, sudo), so a job never depends on its
-# caller's variables and a parked attempt's environment is the next start's. The job's own
-# variables come from job.env (the contract) and its spec, as under systemd.
+# The launcher's environment, the same whoever starts the job (the startup script at boot, ops
+# over SSH, sudo, a unit), so a job never depends on its caller's variables and a parked
+# attempt's environment is the next start's. The job's own variables come from job.env (the
+# contract) and its spec.
 SYSTEM_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+MACHINE_NAMES=(HOME LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_PROXY NO_PROXY
+  https_proxy http_proxy no_proxy)
 launch_env() {
-  local name
+  local name line
   printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH"
-  # The machine's home, locale, trust and proxies (what its image or the local pod gives every
-  # process: a local worker's HOME is its own), and systemd's own marks where a unit calls this
-  # (the launcher echoes to the journal).
-  for name in HOME LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_PROXY NO_PROXY \
-    https_proxy http_proxy no_proxy INVOCATION_ID JOURNAL_STREAM; do
+  # The machine's home, locale, trust and proxies: under systemd the manager's, which every unit
+  # starts with (an SSH caller's forwarded LANG is not the machine's); else what the image or the
+  # local pod gives every process (a local worker's HOME is its own). An escaped value ($'...')
+  # is left out on both sides alike.
+  if have_systemd; then
+    while IFS= read -r line; do
+      name=${line%%=*}
+      if [[ " ${MACHINE_NAMES[*]} " == *" $name "* ]] && [[ "${line#*=}" != "\$'"* ]]; then
+        printf '%s\0' "$line"
+      fi
+    done < <("${SYSTEMCTL[@]}" show-environment)
+  else
+    for name in "${MACHINE_NAMES[@]}"; do
+      if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
+    done
+  fi
+  # systemd's own marks where a unit calls this (the launcher echoes to the journal), and whether
+  # and where systemd is ours (the job's launcher calls `jobctl standby`).
+  local marks=(INVOCATION_ID JOURNAL_STREAM TPUPOD_NO_SYSTEMD)
+  [ "${SYSTEMCTL[1]:-}" != --user ] || marks+=(TPUPOD_SYSTEMD_SCOPE XDG_RUNTIME_DIR XDG_CONFIG_HOME)
+  for name in "${marks[@]}"; do
     if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
   done
 }
@@ -110,16 +144,38 @@ cmd_bundle() {
   echo "${dir%%/*}" # bundles/<sha> or bundles/<sha>/job
 }
 
+# Outside any unit (a unit sees /etc read-only): `start` installs it, `standby` only uses it.
 install_unit() {
-  local unit="/etc/systemd/system/$UNIT"
+  local unit="$UNIT_DIR/$TEMPLATE"
+  mkdir -p "$UNIT_DIR"
   sed -e "s|@TPUPOD_ROOT@|$ROOT|g" -e "s|@STOP_TIMEOUT@|$((STOP_TIMEOUT + 30))|g" \
-    "$HERE/$UNIT" >"$unit.tmp"
+    "$HERE/$TEMPLATE" >"$unit.tmp"
   if cmp -s "$unit.tmp" "$unit"; then
     rm -f "$unit.tmp"
   else
     mv "$unit.tmp" "$unit"
-    systemctl daemon-reload
+    "${SYSTEMCTL[@]}" daemon-reload
   fi
+}
+
+# start_instance MODE: a new instance of the template (MODE run or standby), named once.
+start_instance() {
+  "${SYSTEMCTL[@]}" start "tpupod-job@$1-$(date +%s%N).service"
+}
+
+# The unit that process $1 runs in (an instance of ours, or the older tpupod-job.service), or
+# nothing: read before it is stopped, settled after.
+unit_of() {
+  local unit
+  unit=$(grep -o 'tpupod-job[^/]*\.service' "/proc/$1/cgroup" 2>/dev/null) || return 0
+  echo "${unit%%$'\n'*}"
+}
+
+# stop_unit UNIT: stopped, and unloaded even where its main process was killed (`failed`).
+stop_unit() {
+  [ -n "$1" ] && have_systemd || return 0
+  "${SYSTEMCTL[@]}" stop "$1" 2>/dev/null || true
+  "${SYSTEMCTL[@]}" reset-failed "$1" 2>/dev/null || true
 }
 
 # The next attempt (jobrun.py standby, its own session), parked or still importing, or nothing:
@@ -159,30 +215,37 @@ promote_standby() {
 }
 
 discard_standby() {
-  local pid="${1:-}"
+  local pid="${1:-}" unit
   [ -n "$pid" ] || pid=$(standby_pid) || return 0
+  unit=$(unit_of "$pid")
   kill -KILL -- "-$pid" 2>/dev/null || true
+  stop_unit "$unit"
   rm -f "$ROOT/standby.json" "$ROOT/standby.go"
 }
 
+# In a unit of its own under systemd (the job's stop empties the job's unit), else a session.
 cmd_standby() {
   local pid
-  if have_systemd; then
-    echo "standby: not under systemd yet (needs its own unit slot)"
-    return 0
-  fi
   if pid=$(standby_pid); then
     echo "standby already there (pid $pid)"
     return 0
   fi
-  with_launch_env setsid bash "$ROOT/current/bootstrap/jobctl.sh" __standby \
-    </dev/null >>"$ROOT/logs/standby.log" 2>&1 &
+  if have_systemd; then
+    if [ ! -f "$UNIT_DIR/$TEMPLATE" ]; then
+      echo "standby: no $UNIT_DIR/$TEMPLATE (a cold start installs it): none parked"
+      return 0
+    fi
+    start_instance standby
+  else
+    with_launch_env setsid bash "$ROOT/current/bootstrap/jobctl.sh" __standby \
+      </dev/null >>"$ROOT/logs/standby.log" 2>&1 &
+  fi
   echo "standby starting"
 }
 
 cmd_park() {
   cd -P "$ROOT/current"
-  exec .venv/bin/python -I -S bootstrap/jobrun.py standby
+  with_launch_env .venv/bin/python -I -S bootstrap/jobrun.py standby
 }
 
 cmd_start() {
@@ -210,7 +273,7 @@ cmd_start() {
     return 0
   elif have_systemd; then
     install_unit
-    systemctl start "$UNIT"
+    start_instance run
   else
     # Own session and process group, detached from our stdio; the wrapper writes its pid.
     with_launch_env setsid bash "$ROOT/current/bootstrap/jobctl.sh" __run \
@@ -234,13 +297,13 @@ cmd_start() {
 # The same under systemd: the unit's main process (the wrapper) is a session and group leader
 # too, and this honours this call's stop timeout rather than the unit's.
 cmd_stop() {
-  local pid waited=0 killed=""
+  local pid waited=0 killed="" unit
   if ! pid=$(job_pid); then
-    if have_systemd; then systemctl stop "$UNIT" || true; fi
     [ "${TPUPOD_KEEP_STANDBY:-}" = 1 ] || discard_standby
     echo "job not running"
     return 0
   fi
+  unit=$(unit_of "$pid")
   echo "stopping job (process group $pid), SIGKILL after ${STOP_TIMEOUT}s"
   kill -TERM -- "-$pid" 2>/dev/null || true
   # A hung (SIGSTOPped) job handles its SIGTERM only once it runs again.
@@ -257,9 +320,7 @@ cmd_stop() {
   # SIGKILL took the launcher too: record what it could not.
   if [ -n "$killed" ] && [ ! -f "$EXITFILE" ]; then echo 137 >"$EXITFILE"; fi
   rm -f "$PIDFILE"
-  if have_systemd; then
-    systemctl stop "$UNIT" || true # nothing left in it: settles the unit's state at once
-  fi
+  stop_unit "$unit" # nothing left in it: settles the unit's state at once
   echo "job stopped (exit code $(cat "$EXITFILE" 2>/dev/null || echo unknown))"
   # A restart's stop keeps the parked next attempt; any other stop discards it.
   [ "${TPUPOD_KEEP_STANDBY:-}" = 1 ] || discard_standby
@@ -283,7 +344,19 @@ cmd_run() {
   cd -P "$ROOT/current"
   echo $$ >"$PIDFILE.tmp"
   mv "$PIDFILE.tmp" "$PIDFILE"
-  exec .venv/bin/python -I -S bootstrap/jobrun.py
+  with_launch_env .venv/bin/python -I -S bootstrap/jobrun.py
+}
+
+# A unit's instance (tpupod-job@.service): run-ID is a cold start, standby-ID a parked attempt.
+cmd_unit() {
+  case "${1:-}" in
+  run-*) cmd_run ;;
+  standby-*) cmd_park ;;
+  *)
+    echo "unknown instance '${1:-}': run-ID or standby-ID" >&2
+    exit 2
+    ;;
+  esac
 }
 
 case "${1:-}" in
@@ -295,8 +368,9 @@ bundle) cmd_bundle ;;
 __run) cmd_run ;;
 standby) cmd_standby ;;
 __standby) cmd_park ;;
+__unit) cmd_unit "${2:-}" ;;
 *)
-  echo "usage: $0 start|stop|clear-locks|status|bundle" >&2
+  echo "usage: $0 start|stop|clear-locks|status|bundle|standby" >&2
   exit 2
   ;;
 esac

@@ -405,14 +405,11 @@ def finish(reference: str | None, code: int) -> int:
 
 
 # -- the standby (docs/proposals/standby-interpreter.md; its parked side: jobrun_standby.py) ---
-def have_systemd() -> bool:
-    return os.path.isdir("/run/systemd/system")
-
-
 def start_standby(spec: dict):
-    """After the job's first progress: `jobctl standby` in a session of its own (a stop of
-    this job's group leaves it), for a job that asks for one; not yet under systemd."""
-    if not spec.get("standby") or have_systemd():
+    """After the job's first progress: `jobctl standby` in a session of its own, for a job that
+    asks for one; it parks in a unit of its own or a session of its own (a stop of this job
+    leaves it)."""
+    if not spec.get("standby"):
         return None
     jobctl = os.path.join(os.path.realpath(path("current")), "bootstrap", "jobctl.sh")
     return subprocess.Popen(["bash", jobctl, "standby"], env={**os.environ, "TPUPOD_ROOT": ROOT},

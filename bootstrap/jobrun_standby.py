@@ -24,8 +24,10 @@ from contract import runline
 STANDBY_JSON, STANDBY_GO, STANDBY_REFUSED = "standby.json", "standby.go", "standby.refused"
 # Who called jobctl, not what the job runs with: these may differ between the parked
 # environment and the attempt's (TPUPOD_ATTEMPT is the go's to set).
-NOISE = {"_", "SHLVL", "PWD", "OLDPWD", "INVOCATION_ID", "JOURNAL_STREAM", "TPUPOD_ATTEMPT",
-         "TPUPOD_STOP_TIMEOUT", "TPUPOD_KEEP_STANDBY"}  # fmt: skip
+# systemd's marks of the unit a process runs in (its own, never a caller's).
+UNIT_MARKS = ("INVOCATION_ID", "JOURNAL_STREAM")
+NOISE = {"_", "SHLVL", "PWD", "OLDPWD", *UNIT_MARKS, "TPUPOD_ATTEMPT", "TPUPOD_STOP_TIMEOUT",
+         "TPUPOD_KEEP_STANDBY"}  # fmt: skip
 NOISE_PREFIXES = ("SUDO_", "SSH_", "MD_", "BASH_FUNC_")
 
 
@@ -132,7 +134,8 @@ def _cold(jr, attempt, output, wanted: dict, child) -> int:
 
 def _as_caller(jr) -> str | None:
     """Takes the environment of the `jobctl start` that promotes it (standby.go: the one a cold
-    launcher would start with) as this process's own; why not, if it cannot."""
+    launcher would start with) as this process's own, but for the marks of the unit it runs in
+    (a cold launcher has its own unit's: the journal echo follows them); why not, if it cannot."""
     try:
         with open(jr.path(STANDBY_GO), "rb") as f:
             raw = f.read()
@@ -140,8 +143,12 @@ def _as_caller(jr) -> str | None:
     except OSError as err:
         return f"no {STANDBY_GO} ({err})"
     caller = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    own = {name: os.environ[name] for name in UNIT_MARKS if name in os.environ}
     os.environ.clear()
     os.environ.update({k.decode(): v.decode() for k, v in caller.items()})
+    for name in UNIT_MARKS:
+        os.environ.pop(name, None)
+    os.environ.update(own)
     return None
 
 

@@ -81,6 +81,8 @@ def worker_env(
             "SHELL": "/bin/bash",
             "TPUPOD_ROOT": str(tpupod_root),
             "TPUPOD_LOCAL_POD": "1",
+            # A worker is no VM of its own: the host's systemd (a developer's Linux) is not its.
+            "TPUPOD_NO_SYSTEMD": "1",
             "GCE_METADATA_HOST": metadata_host,
             "STORAGE_EMULATOR_HOST": emulator_url,
             "TENSORSTORE_GCS_HTTP_URL": emulator_url,

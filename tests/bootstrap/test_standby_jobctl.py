@@ -44,7 +44,8 @@ preloaded = "email.message" in sys.modules  # in the preload list; no job import
 nice = {t: os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}
 with open(os.environ["FAKE_RECORD"], "a") as f:
     f.write(json.dumps({"pid": os.getpid(), "attempt": os.environ["TPUPOD_ATTEMPT"],
-                        "preloaded": preloaded, "argv": sys.argv[1:], "nice": nice}) + "\\n")
+                        "preloaded": preloaded, "argv": sys.argv[1:], "nice": nice,
+                        "unit": os.environ.get("INVOCATION_ID")}) + "\\n")
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))
 step = 0
 while True:
@@ -108,7 +109,7 @@ def test_a_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_it(ctl)
     c.wait_for("promoted the standby")
     cold_run, promoted = attempts(c, 2)
     assert cold_run == {"pid": cold_run["pid"], "attempt": "1", "preloaded": False,
-                        "argv": ["--x", "1"], "nice": cold_run["nice"]}  # fmt: skip
+                        "argv": ["--x", "1"], "nice": cold_run["nice"], "unit": None}  # fmt: skip
     assert promoted["pid"] == standby["child"] and promoted["attempt"] == "2"
     assert promoted["preloaded"] and promoted["argv"] == ["--x", "1"]
     c.wait_for("step 3")  # the promoted job's output: into job.log through its attempt's log

@@ -19,7 +19,7 @@ def test_shellcheck_clean():
     assert result.returncode == 0, result.stdout
 
 
-UNIT = PROJECT_ROOT / "bootstrap" / "tpupod-job.service"
+UNIT = PROJECT_ROOT / "bootstrap" / "tpupod-job@.service"
 HARDENING = {
     "NoNewPrivileges": "yes",
     "RestrictSUIDSGID": "yes",

@@ -38,5 +38,5 @@ def test_the_builtin_jobs_file_and_the_unit_say_the_same():
         "preempted": [exit_codes.EXIT_PREEMPTED],
         "fatal": [exit_codes.EXIT_BAD_INPUT],
     }
-    unit = (REPO / "bootstrap" / "tpupod-job.service").read_text()
+    unit = (REPO / "bootstrap" / "tpupod-job@.service").read_text()
     assert re.search(rf"^SuccessExitStatus={exit_codes.EXIT_PREEMPTED}$", unit, re.M)
