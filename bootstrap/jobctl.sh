@@ -76,9 +76,11 @@ launch_env() {
       if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
     done
   fi
-  # systemd's own marks where a unit calls this (the launcher echoes to the journal), and whether
-  # and where systemd is ours (the job's launcher calls `jobctl standby`).
-  local marks=(INVOCATION_ID JOURNAL_STREAM TPUPOD_NO_SYSTEMD)
+  # Whether and where systemd is ours (the job's launcher calls `jobctl standby`), and its own
+  # marks where a unit calls this (the launcher echoes to the journal); a local worker's caller
+  # may be some unit of its host's: not the worker's.
+  local marks=(TPUPOD_NO_SYSTEMD)
+  ! have_systemd || marks+=(INVOCATION_ID JOURNAL_STREAM)
   [ "${SYSTEMCTL[1]:-}" != --user ] || marks+=(TPUPOD_SYSTEMD_SCOPE XDG_RUNTIME_DIR XDG_CONFIG_HOME)
   for name in "${marks[@]}"; do
     if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi

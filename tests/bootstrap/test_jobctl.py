@@ -8,6 +8,7 @@ program: it must wait for the program, never exit 143 while the program still sa
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -169,15 +170,25 @@ def test_a_job_that_exits_at_once_is_a_launch_that_worked(ctl):
     assert "unknown config key" in c.log()
 
 
-def test_under_systemd_the_output_also_goes_to_the_journal(ctl):
-    """With INVOCATION_ID (systemd) the launcher also writes the job's output to its stdout
-    (the journal); a SIGTERM does not cut it: the last lines and the code still arrive. (The
-    mark alone, in a session: tests/bootstrap/test_standby_systemd.py has the units.)"""
+@pytest.mark.parametrize("unit", [True, False])
+def test_under_systemd_the_output_also_goes_to_the_journal(ctl, unit):
+    """As a unit runs the launcher (`jobctl.sh __unit run-ID`: INVOCATION_ID set, stdout the
+    journal) it also writes the job's output to its stdout; a SIGTERM does not cut it: the last
+    lines and the code still arrive. The control: without the unit's mark, nothing there. (The
+    units themselves: tests/bootstrap/test_standby_systemd.py, where no journald runs.)"""
     c = ctl()
-    assert c("start", INVOCATION_ID="test", TPUPOD_NO_SYSTEMD="1").returncode == 0
+    mark = {"INVOCATION_ID": "test"} if unit else {}
+    launcher = subprocess.Popen(
+        ["bash", str(c.root / "current" / "bootstrap" / "jobctl.sh"), "__unit", "run-1"],
+        env={"PATH": os.environ["PATH"], "TPUPOD_ROOT": str(c.root), **mark},
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip
+    reaped = concurrent.futures.ThreadPoolExecutor(1).submit(launcher.communicate)  # as systemd
     c.wait_for("step 2")
-    assert "exit code 75" in c("stop").stdout
-    assert c.log().count("saved") == 2  # once from the job.log handle, once via stdout
+    assert "exit code 75" in c("stop", TPUPOD_NO_SYSTEMD="1").stdout
+    echoed = reaped.result(timeout=30)[0]
+    assert ("saved" in echoed and "job exited 75" in echoed) is unit, echoed
+    assert c.log().count("saved") == 1
 
 
 def test_stop_escalates_to_sigkill_after_the_stop_timeout(ctl):
