@@ -113,6 +113,23 @@ def test_a_preload_that_fails_ends_the_standby_before_it_parks(tmp_path):
     assert "No module named 'no_such_module'" in (tmp_path / "standby.log").read_text()
 
 
+def test_imports_that_hold_the_accelerator_end_the_standby_before_it_parks(tmp_path):
+    """A preload that opens libtpu's lockfile (as one that started the TPU backend would) would
+    contend with the job it stands by for: it does not park. The control is the same preload
+    with the lockfile elsewhere: it parks."""
+    lock = tmp_path / "libtpu_lockfile"
+    (job_dir(tmp_path) / "grab.py").write_text(f"held = open({str(lock)!r}, 'a')\n")
+    for where, parks in ((lock, False), (tmp_path / "elsewhere", True)):
+        env = environment(tmp_path, 1, TPUPOD_LIBTPU_LOCKFILE=str(where))
+        child, control = parked(tmp_path, env, preload="json,grab")
+        said = control.makefile("rb").readline()
+        assert bool(said) is parks, (tmp_path / "standby.log").read_text()
+        control.close()
+        assert (child.wait(timeout=60) == 0) is parks
+    log = (tmp_path / "standby.log").read_text()
+    assert f"standby: its imports opened {lock}, the running job's accelerator" in log
+
+
 def test_the_prepare_hook_re_execs_once_with_its_variables_same_pid(tmp_path):
     """The job's `prepare` (the built-in trainer's allocator) gives the interpreter its start-up
     variables before any import: one re-exec, the same pid, the same socket; the job keeps

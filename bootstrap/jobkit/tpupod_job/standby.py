@@ -7,8 +7,9 @@ end of a socketpair as fd `$TPUPOD_STANDBY_FD`. Here, in order:
 1. the job's `prepare` hook ("module:function", `$TPUPOD_STANDBY_PREPARE`) may return the
    variables the interpreter must start with (the built-in trainer's allocator): then one
    re-exec with them, same pid, same fd;
-2. every module of `$TPUPOD_STANDBY_PRELOAD` (comma-separated) is imported; one that fails
-   ends the standby (the launcher starts cold);
+2. every module of `$TPUPOD_STANDBY_PRELOAD` (comma-separated) is imported; one that fails,
+   or imports that leave the accelerator open (a TPU's device files, libtpu's lockfile: the
+   running job's), end the standby (the launcher starts cold);
 3. one line `{"parked": ...}` on the socket, then a wait for `{"go": ...}`. The socket's end
    before a go (the launcher gone, the standby discarded) exits at once.
 At the go the job also finds `$TPUPOD_STANDBY_PROMOTED_AT`, the time of its promotion.
@@ -60,6 +61,23 @@ def preload(names: str) -> float:
     return time.perf_counter() - started
 
 
+def accelerator_held(environ=os.environ) -> list[str]:
+    """What of the running job's accelerator this interpreter holds open: a TPU's device files
+    (/dev/accel*, /dev/vfio/*) or libtpu's lockfile. Importing JAX, Flax, Optax, Orbax or grain
+    opens none (the backend starts at the first computation); a preload that does would contend
+    with the job it stands by for, so it does not park."""
+    lock = environ.get("TPUPOD_LIBTPU_LOCKFILE", "/tmp/libtpu_lockfile")  # jobctl's too
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own fd, gone
+            continue
+        if target.startswith(("/dev/accel", "/dev/vfio/")) or target == lock:
+            held.add(target)
+    return sorted(held)
+
+
 def apply_difference(base: dict, wanted: dict, environ=os.environ) -> None:
     """The attempt's environment as a diff on this one: what changed from `base` (what this
     interpreter started with) is set, what went is unset; the rest stays as imports left it."""
@@ -101,6 +119,10 @@ def main() -> int:
         os.execve(sys.executable, [sys.executable, "-m", "tpupod_job.standby"], wanted)
     control = socket.socket(fileno=int(os.environ[FD]))
     seconds = preload(os.environ.get(PRELOAD, ""))
+    if held := accelerator_held():
+        raise SystemExit(f"standby: its imports opened {', '.join(held)}, the running job's "
+                         "accelerator: not parked, the next start is cold (leave what opens it "
+                         "out of standby.preload)")  # fmt: skip
     control.sendall(json.dumps({"parked": {"pid": os.getpid(), "imports_s": seconds}}).encode()
                     + b"\n")  # fmt: skip
     reader = control.makefile("rb")
