@@ -59,15 +59,16 @@ MACHINE_NAMES=(HOME LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_P
   https_proxy http_proxy no_proxy)
 launch_env() {
   local name line
-  printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH"
-  # The machine's home, locale, trust and proxies: under systemd the manager's, which every unit
-  # starts with (an SSH caller's forwarded LANG is not the machine's); else what the image or the
-  # local pod gives every process (a local worker's HOME is its own). An escaped value ($'...')
-  # is left out on both sides alike.
+  printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH" # a later PATH (the manager's) wins
+  # Under systemd, the manager's environment, which every unit starts with (its PATH may hold
+  # /snap/bin, its DefaultEnvironment= whatever the image sets; an SSH caller's forwarded LANG
+  # is not the machine's); an escaped value ($'...') is left out on both sides alike. Else the
+  # machine's home, locale, trust and proxies, as the image or the local pod gives every process
+  # (a local worker's HOME is its own).
   if have_systemd; then
     while IFS= read -r line; do
-      name=${line%%=*}
-      if [[ " ${MACHINE_NAMES[*]} " == *" $name "* ]] && [[ "${line#*=}" != "\$'"* ]]; then
+      if [[ "$line" == [A-Za-z_]*=* ]] && [[ "${line#*=}" != "\$'"* ]] &&
+        [[ "${line%%=*}" != TPUPOD_ROOT ]]; then
         printf '%s\0' "$line"
       fi
     done < <("${SYSTEMCTL[@]}" show-environment)
@@ -114,7 +115,8 @@ job_pid() {
   pid=$(cat "$PIDFILE" 2>/dev/null) || return 1
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || cmdline=""
-  if [[ "$cmdline" == *"jobctl.sh __run"* ]] || [[ "$cmdline" == *"bootstrap/jobrun.py"* ]] ||
+  if [[ "$cmdline" == *"jobctl.sh __run"* ]] || [[ "$cmdline" == *"jobctl.sh __unit run-"* ]] ||
+    [[ "$cmdline" == *"bootstrap/jobrun.py"* ]] ||
     [ -n "$(our_group_members "$pid")" ]; then
     echo "$pid"
   else
@@ -173,11 +175,24 @@ unit_of() {
   echo "${unit%%$'\n'*}"
 }
 
-# stop_unit UNIT: stopped, and unloaded even where its main process was killed (`failed`).
+# stop_unit UNIT: stopped (systemctl waits until its cgroup is empty: no leftover of the job
+# holds the accelerator), and unloaded even where its main process was killed (`failed`).
 stop_unit() {
   [ -n "$1" ] && have_systemd || return 0
   "${SYSTEMCTL[@]}" stop "$1" 2>/dev/null || true
   "${SYSTEMCTL[@]}" reset-failed "$1" 2>/dev/null || true
+}
+
+# stop_instances [KEEP]: every instance of ours still loaded but KEEP (a unit whose job ended
+# while it kills what is left, a standby started but not yet in standby.json, the older
+# tpupod-job.service); called only where no job runs.
+stop_instances() {
+  local unit
+  have_systemd || return 0
+  for unit in $("${SYSTEMCTL[@]}" list-units --all --plain --no-legend 'tpupod-job@*' \
+    tpupod-job.service 2>/dev/null | awk '{print $1}'); do
+    [ "$unit" = "${1:-}" ] || stop_unit "$unit"
+  done
 }
 
 # The next attempt (jobrun.py standby, its own session), parked or still importing, or nothing:
@@ -216,12 +231,13 @@ promote_standby() {
   return 1
 }
 
+# Where no job runs (after a stop, before a start): the parked attempt's group killed, and under
+# systemd every instance of ours stopped, one still starting included.
 discard_standby() {
-  local pid="${1:-}" unit
-  [ -n "$pid" ] || pid=$(standby_pid) || return 0
-  unit=$(unit_of "$pid")
-  kill -KILL -- "-$pid" 2>/dev/null || true
-  stop_unit "$unit"
+  local pid="${1:-}"
+  [ -n "$pid" ] || pid=$(standby_pid) || pid=""
+  [ -z "$pid" ] || kill -KILL -- "-$pid" 2>/dev/null || true
+  stop_instances
   rm -f "$ROOT/standby.json" "$ROOT/standby.go"
 }
 
@@ -299,9 +315,14 @@ cmd_start() {
 # The same under systemd: the unit's main process (the wrapper) is a session and group leader
 # too, and this honours this call's stop timeout rather than the unit's.
 cmd_stop() {
-  local pid waited=0 killed="" unit
+  local pid waited=0 killed="" unit standby
   if ! pid=$(job_pid); then
-    [ "${TPUPOD_KEEP_STANDBY:-}" = 1 ] || discard_standby
+    if [ "${TPUPOD_KEEP_STANDBY:-}" = 1 ]; then
+      standby=$(standby_pid) && standby=$(unit_of "$standby") || standby=""
+      stop_instances "$standby" # what an ended job left, never the parked attempt
+    else
+      discard_standby
+    fi
     echo "job not running"
     return 0
   fi

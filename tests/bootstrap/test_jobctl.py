@@ -66,6 +66,7 @@ class Ctl:
 
     def __call__(self, verb, stop_timeout=10, **extra):
         env = {
+            "TPUPOD_NO_SYSTEMD": "1",  # as on a local pod's worker: never the host's systemd
             **extra,
             "PATH": os.environ["PATH"],
             "TPUPOD_ROOT": str(self.root),

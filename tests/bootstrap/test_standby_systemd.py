@@ -32,6 +32,10 @@ class SystemdCtl(Ctl):
         unit = PROJECT_ROOT / "bootstrap" / "tpupod-job@.service"
         refused = manager.unsupported(unit)
         print(f"left out of the unit here (this machine's systemd refuses them): {refused}")
+        # What `systemctl start` and show-environment run under, from inside the job's unit.
+        assert not {"NoNewPrivileges=yes", "ProtectSystem=full", "RestrictNamespaces=yes"} & set(
+            refused
+        )
         kept = [line for line in unit.read_text().splitlines() if line not in refused]
         (root / "current" / "bootstrap" / unit.name).write_text("\n".join(kept) + "\n")
 
@@ -125,3 +129,16 @@ def test_a_local_pod_worker_never_uses_its_hosts_systemd(ctl):
     assert not (ctl.manager.config / "systemd" / "user" / "tpupod-job@.service").exists()
     assert c("stop", TPUPOD_NO_SYSTEMD="1").returncode == 0
     assert not (c.root / "standby.json").exists()
+
+
+def test_a_stop_ends_a_standby_still_starting(ctl):
+    """`jobctl standby` returns once its unit started, before the parked launcher says so in
+    standby.json: a plain stop then still ends it (every instance of ours), and a stop that
+    keeps the standby ends the job's instance alone."""
+    c = standby_ctl(ctl)
+    assert c("start", TPUPOD_ATTEMPT="1").returncode == 0
+    await_standby(c)
+    assert c("stop").returncode == 0 and ctl.manager.units() == []  # the template stays
+    assert c("standby").returncode == 0
+    assert c("stop").returncode == 0
+    assert ctl.manager.units() == [] and not (c.root / "standby.json").exists()
