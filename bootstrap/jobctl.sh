@@ -18,6 +18,7 @@
 #   status       print running/exited/stopped; exit 0 only while it runs
 #   bundle       print the sha256 of the bundle the running job uses; exit 1 if none runs
 #   standby      park the job's next attempt, its imports done (the job's launcher calls it)
+# Sourced beside it: the systemd units (jobctl_units.sh) and the standby (jobctl_standby.sh).
 set -euo pipefail
 
 ROOT="${TPUPOD_ROOT:-/var/lib/tpupod}"
@@ -29,26 +30,13 @@ ATTEMPTFILE="$ROOT/job.attempt"
 grace=$(sed -n 's/^TPUPOD_GRACE_S=\([0-9][0-9]*\)$/\1/p' "$ENVFILE" 2>/dev/null || true)
 STOP_TIMEOUT="${TPUPOD_STOP_TIMEOUT:-${grace:-60}}"
 LOCKFILE="${TPUPOD_LIBTPU_LOCKFILE:-/tmp/libtpu_lockfile}"
-TEMPLATE=tpupod-job@.service
-# The system manager's units (GCP's workers). TPUPOD_SYSTEMD_SCOPE=user: a user manager's, the
-# same units without root's /etc (tests run one: tests/bootstrap/test_standby_systemd.py).
-if [ "${TPUPOD_SYSTEMD_SCOPE:-system}" = user ]; then
-  SYSTEMCTL=(systemctl --user)
-  UNIT_DIR="${XDG_CONFIG_HOME:-$HOME/.config}/systemd/user"
-else
-  SYSTEMCTL=(systemctl)
-  UNIT_DIR=/etc/systemd/system
-fi
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
 # /proc/PID/cwd is a physical path: compare with ROOT's.
 ROOT_PHYSICAL="$(cd "$ROOT" 2>/dev/null && pwd -P || echo "$ROOT")"
-
-# systemd's own test (sd_booted), or a unit's mark: every process of a unit has INVOCATION_ID,
-# also where the unit's sandbox shows it another /run. Never on a local pod's worker
-# (TPUPOD_NO_SYSTEMD, from its environment), whose host may well run systemd.
-have_systemd() {
-  [ -z "${TPUPOD_NO_SYSTEMD:-}" ] && { [ -d /run/systemd/system ] || [ -n "${INVOCATION_ID:-}" ]; }
-}
+# shellcheck source=SCRIPTDIR/jobctl_units.sh
+. "$HERE/jobctl_units.sh"
+# shellcheck source=SCRIPTDIR/jobctl_standby.sh
+. "$HERE/jobctl_standby.sh"
 
 # The launcher's environment, the same whoever starts the job (the startup script at boot, ops
 # over SSH, sudo, a unit), so a job never depends on its caller's variables and a parked
@@ -146,124 +134,6 @@ cmd_bundle() {
   dir=$(readlink "/proc/$member/cwd")
   dir=${dir#"$ROOT_PHYSICAL"/bundles/}
   echo "${dir%%/*}" # bundles/<sha> or bundles/<sha>/job
-}
-
-# Outside any unit (a unit sees /etc read-only): `start` installs it, `standby` only uses it.
-install_unit() {
-  local unit="$UNIT_DIR/$TEMPLATE"
-  mkdir -p "$UNIT_DIR"
-  sed -e "s|@TPUPOD_ROOT@|$ROOT|g" -e "s|@STOP_TIMEOUT@|$((STOP_TIMEOUT + 30))|g" \
-    "$HERE/$TEMPLATE" >"$unit.tmp"
-  if cmp -s "$unit.tmp" "$unit"; then
-    rm -f "$unit.tmp"
-  else
-    mv "$unit.tmp" "$unit"
-    "${SYSTEMCTL[@]}" daemon-reload
-  fi
-}
-
-# start_instance MODE: a new instance of the template (MODE run or standby), named once.
-start_instance() {
-  "${SYSTEMCTL[@]}" start "tpupod-job@$1-$(date +%s%N).service"
-}
-
-# The unit that process $1 runs in (an instance of ours, or the older tpupod-job.service), or
-# nothing: read before it is stopped, settled after.
-unit_of() {
-  local unit
-  unit=$(grep -o 'tpupod-job[^/]*\.service' "/proc/$1/cgroup" 2>/dev/null) || return 0
-  echo "${unit%%$'\n'*}"
-}
-
-# stop_unit UNIT: stopped (systemctl waits until its cgroup is empty: no leftover of the job
-# holds the accelerator), and unloaded even where its main process was killed (`failed`).
-stop_unit() {
-  [ -n "$1" ] && have_systemd || return 0
-  "${SYSTEMCTL[@]}" stop "$1" 2>/dev/null || true
-  "${SYSTEMCTL[@]}" reset-failed "$1" 2>/dev/null || true
-}
-
-# stop_instances [KEEP]: every instance of ours still loaded but KEEP (a unit whose job ended
-# while it kills what is left, a standby started but not yet in standby.json, the older
-# tpupod-job.service); called only where no job runs.
-stop_instances() {
-  local unit
-  have_systemd || return 0
-  for unit in $("${SYSTEMCTL[@]}" list-units --all --plain --no-legend 'tpupod-job@*' \
-    tpupod-job.service 2>/dev/null | awk '{print $1}'); do
-    [ "$unit" = "${1:-}" ] || stop_unit "$unit"
-  done
-}
-
-# The next attempt (jobrun.py standby, its own session), parked or still importing, or nothing:
-# standby.json's pid counts only while it is that launcher (pids are reused).
-standby_pid() {
-  local pid cmdline
-  pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$ROOT/standby.json" 2>/dev/null) || return 1
-  [ -n "$pid" ] || return 1
-  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
-  [[ "$cmdline" == *"bootstrap/jobrun.py standby"* ]] && echo "$pid"
-}
-
-# Promotes the next attempt: this call's environment to standby.go, SIGUSR1 to its launcher,
-# which checks it and takes job.pid (its job runs once its imports are done), or says why not in
-# standby.refused (then: a cold start).
-promote_standby() {
-  local pid
-  pid=$(standby_pid) || return 1
-  rm -f "$ROOT/standby.refused"
-  # The environment as a cold launcher would start with it: read by the same interpreter, so
-  # its own start-up changes (the C locale's coercion to C.UTF-8) are in it too.
-  (umask 077 && with_launch_env "$ROOT/current/.venv/bin/python" -I -S -c \
-    'import os, sys; sys.stdout.buffer.write(b"\0".join(k + b"=" + v for k, v in os.environb.items()))' \
-    >"$ROOT/standby.go.tmp") && mv "$ROOT/standby.go.tmp" "$ROOT/standby.go"
-  kill -USR1 "$pid" 2>/dev/null || return 1
-  for _ in $(seq 100); do
-    if job_pid >/dev/null; then return 0; fi
-    if [ -f "$ROOT/standby.refused" ]; then
-      echo "standby refused: $(cat "$ROOT/standby.refused")" >&2
-      discard_standby "$pid"
-      return 1
-    fi
-    sleep 0.02
-  done
-  discard_standby "$pid"
-  return 1
-}
-
-# Where no job runs (after a stop, before a start): the parked attempt's group killed, and under
-# systemd every instance of ours stopped, one still starting included.
-discard_standby() {
-  local pid="${1:-}"
-  [ -n "$pid" ] || pid=$(standby_pid) || pid=""
-  [ -z "$pid" ] || kill -KILL -- "-$pid" 2>/dev/null || true
-  stop_instances
-  rm -f "$ROOT/standby.json" "$ROOT/standby.go"
-}
-
-# In a unit of its own under systemd (the job's stop empties the job's unit), else a session.
-cmd_standby() {
-  local pid
-  if pid=$(standby_pid); then
-    echo "standby already there (pid $pid)"
-    return 0
-  fi
-  if have_systemd; then
-    if [ ! -f "$UNIT_DIR/$TEMPLATE" ]; then
-      echo "standby: no $UNIT_DIR/$TEMPLATE (a cold start installs it): none parked"
-      return 0
-    fi
-    start_instance standby
-  else
-    with_launch_env setsid bash "$ROOT/current/bootstrap/jobctl.sh" __standby \
-      </dev/null >>"$ROOT/logs/standby.log" 2>&1 &
-  fi
-  echo "standby starting"
-}
-
-cmd_park() {
-  cd -P "$ROOT/current"
-  with_launch_env .venv/bin/python -I -S bootstrap/jobrun.py standby
 }
 
 cmd_start() {

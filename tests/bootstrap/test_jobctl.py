@@ -45,7 +45,8 @@ class Ctl:
         self.root = root
         bundle = root / "bundles" / ("0" * 64)
         (bundle / "bootstrap").mkdir(parents=True)
-        for name in ("jobctl.sh", "jobrun.py", "jobrun_standby.py"):
+        for name in ("jobctl.sh", "jobctl_units.sh", "jobctl_standby.sh", "jobrun.py",
+                     "jobrun_standby.py"):  # fmt: skip
             shutil.copy2(PROJECT_ROOT / "bootstrap" / name, bundle / "bootstrap")
         shutil.copytree(PROJECT_ROOT / "contract", bundle / "contract")  # the run dir's layout
         (bundle / ".venv" / "bin").mkdir(parents=True)

@@ -35,7 +35,7 @@ STARTUP_SCRIPT = rf"""#!/bin/bash
 set -euo pipefail
 bundle="$TPUPOD_ROOT/bundles/stand-in"
 mkdir -p "$bundle/bootstrap" "$bundle/.venv/bin" "$bundle/job"
-cp {shlex.quote(str(PROJECT_ROOT / "bootstrap" / "jobctl.sh"))} "$bundle/bootstrap/"
+cp {shlex.quote(str(PROJECT_ROOT / "bootstrap"))}/jobctl*.sh "$bundle/bootstrap/"
 cp {shlex.quote(str(PROJECT_ROOT / "bootstrap" / "jobrun.py"))} "$bundle/bootstrap/"
 cp -r {shlex.quote(str(PROJECT_ROOT / "contract"))} "$bundle/"
 ln -sfn {shlex.quote(sys.executable)} "$bundle/.venv/bin/python"
