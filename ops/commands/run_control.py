@@ -23,6 +23,7 @@ from ops.cli import CliError
 from ops.cloud.slice import Provider, ProviderError, SliceState
 from ops.cloud.storage_errors import STORAGE_ERRORS
 from ops.commands.slice import provider_for, ready_workers, stack_options
+from ops.fleet.starts import starts
 from ops.fleet.workers import STOP_AND_CLEAR, WorkerError, WorkerGroup
 from ops.watch.deadlines import GCP
 from ops.watch.remote_state import RemoteState
@@ -41,14 +42,15 @@ def restart_job(group: WorkerGroup, console: Console, start: bool = True) -> int
     try:
         for verb in verbs:
             began = time.time()
-            group.jobctl(
+            outcomes = group.jobctl(
                 verb,
                 timeout=900.0,
                 attempt=attempt if verb == "start" else None,
                 keep_standby=start,
             )  # a restart's stop keeps the parked attempt
             label = verb.replace(" ", " + ")  # "stop + clear-locks": one round trip
-            console.print(f"{label:<12} every worker ({time.time() - began:.1f}s)")
+            how = starts(outcomes).text() if verb == "start" else ""
+            console.print(f"{label:<12} every worker ({time.time() - began:.1f}s){how}")
     except WorkerError as err:
         raise CliError(str(err)) from None
     return attempt

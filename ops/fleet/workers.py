@@ -205,12 +205,14 @@ class WorkerGroup:
             raise WorkerError(SUDO_REFUSED.format(index=o.index, user=user))
         return self._checked(outcomes, f"jobctl {verb}")
 
-    def restart(self, attempt: int | None = None, stop_timeout: float | None = None) -> None:
+    def restart(self, attempt: int | None = None,
+                stop_timeout: float | None = None) -> dict[int, Outcome]:  # fmt: skip
         """Stop and clear stale locks on every worker, then start everywhere: no worker may
-        start while another still holds the old job's coordinator or TPU."""
+        start while another still holds the old job's coordinator or TPU. The starts' outcomes
+        (ops.fleet.starts reads which came from a standby)."""
         self.jobctl(STOP_AND_CLEAR, timeout=(stop_timeout or 600.0) + 60.0,
                     stop_timeout=stop_timeout, keep_standby=True)  # fmt: skip
-        self.jobctl("start", attempt=attempt)
+        return self.jobctl("start", attempt=attempt)
 
     def roll_out(self, timeout: float, before_start: Callable[[], None] | None = None) -> None:
         """The node's bundle onto these workers: stop the job (SIGTERM: it saves, as for a

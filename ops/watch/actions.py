@@ -15,6 +15,7 @@ from contract.metadata import BUNDLE_SHA256
 from ops.cloud.slice import ProviderError
 from ops.cloud.tpu_errors import QuotaExceeded, Refused, Stockout
 from ops.fleet.forensics import capture_hang
+from ops.fleet.starts import starts
 from ops.fleet.workers import STOP_AND_CLEAR, WorkerError
 from ops.watch import capacity
 from ops.watch.api import GiveUp, WatcherApi
@@ -111,13 +112,14 @@ def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> 
             stop = w.config.hang_stop_timeout if hung else w.config.failure_stop_timeout
         group.jobctl(STOP_AND_CLEAR, timeout=None, stop_timeout=stop, keep_standby=True)
         w.restarted_now()
-        group.jobctl("start", attempt=attempt)
+        how = starts(group.jobctl("start", attempt=attempt))
     except WorkerError as err:
         w.journal.event("error", f"restart failed: {err}")
         return
     w.state.attempt = attempt
-    w.milestone("restarted", started, f"job restarted on every worker (attempt {attempt})",
-                attempt=attempt, cause=inc.kind)  # fmt: skip
+    w.milestone("restarted", started,
+                f"job restarted on every worker (attempt {attempt}){how.text()}",
+                attempt=attempt, cause=inc.kind, **how.fields())  # fmt: skip
 
 
 def roll_out(w: WatcherApi, inc: Incident, detail: str) -> None:

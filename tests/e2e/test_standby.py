@@ -16,6 +16,7 @@ import pytest
 
 from demo.reference import pod_provider
 from localpod.pod import LocalPod
+from ops.fleet.starts import starts
 from ops.fleet.workers import STOP_AND_CLEAR, WorkerGroup
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -55,7 +56,8 @@ def test_a_crash_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_i
         pod.crash(0)
         workers = pod_provider(pod.paths.root).describe().workers
         with WorkerGroup(workers, retries=1) as group:
-            group.restart(attempt=2, stop_timeout=1)  # as watch restarts a crash
+            how = starts(group.restart(attempt=2, stop_timeout=1))  # as watch restarts a crash
+            assert how.text() == "; from the standby on 2 of 2 workers", how  # watch journals it
             for root, standby in zip(roots, standbys, strict=True):
                 assert int((root / "job.pid").read_text()) == standby["pid"]
                 log = (root / "logs" / "job-attempt-2.log").read_text()
@@ -68,7 +70,7 @@ def test_a_crash_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_i
             wait_until("the next standby", lambda: all(parked(r) for r in roots))
             group.jobctl(STOP_AND_CLEAR, stop_timeout=1)  # control: no keep (a rollout's stop)
             assert not any(parked(r) for r in roots)
-            group.jobctl("start", attempt=3)
+            assert starts(group.jobctl("start", attempt=3)).text() == ""  # none to use
             wait_until("training cold", lambda: all(training_past(r, 0) for r in roots))
             for root in roots:
                 log = (root / "logs" / "job-attempt-3.log").read_text()

@@ -190,6 +190,7 @@ def test_a_hung_job_is_killed_at_once_a_crashed_one_after_a_second(tmp_path, kin
     class Group:
         def jobctl(self, verb, timeout=None, stop_timeout=None, attempt=None, keep_standby=False):
             calls.append((verb, stop_timeout, keep_standby))
+            return {}  # every worker's outcome, as WorkerGroup.jobctl returns them
 
     watcher.workers = lambda which=None: Group()
     inc = Incident(kind, "test", time.time(), 10, phase_since=time.time())
