@@ -26,9 +26,9 @@ class Starts:
         """'' when no worker had a standby to use; else a clause for the restart's line."""
         if not self.promoted and not self.refused:
             return ""
-        said = f"; from the standby on {len(self.promoted)} of {self.workers} workers"
-        cold = ", ".join(f"worker {i} cold ({why})" for i, why in sorted(self.refused.items()))
-        return f"{said}, {cold}" if cold else said
+        said = f", {len(self.promoted)} of {self.workers} from their standby"
+        cold = "; ".join(f"worker {i} cold ({why})" for i, why in sorted(self.refused.items()))
+        return f"{said}; {cold}" if cold else said
 
     def fields(self) -> dict:
         """The journal's fields: {} when no worker had a standby to use."""

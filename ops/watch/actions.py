@@ -118,7 +118,7 @@ def restart(w: WatcherApi, inc: Incident, detail: str, failure: bool = True) -> 
         return
     w.state.attempt = attempt
     w.milestone("restarted", started,
-                f"job restarted on every worker (attempt {attempt}){how.text()}",
+                f"job restarted on every worker (attempt {attempt}{how.text()})",
                 attempt=attempt, cause=inc.kind, **how.fields())  # fmt: skip
 
 

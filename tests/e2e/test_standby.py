@@ -57,7 +57,7 @@ def test_a_crash_restart_promotes_the_parked_attempt_and_a_plain_stop_discards_i
         workers = pod_provider(pod.paths.root).describe().workers
         with WorkerGroup(workers, retries=1) as group:
             how = starts(group.restart(attempt=2, stop_timeout=1))  # as watch restarts a crash
-            assert how.text() == "; from the standby on 2 of 2 workers", how  # watch journals it
+            assert how.text() == ", 2 of 2 from their standby", how  # watch journals it
             for root, standby in zip(roots, standbys, strict=True):
                 assert int((root / "job.pid").read_text()) == standby["pid"]
                 log = (root / "logs" / "job-attempt-2.log").read_text()

@@ -17,10 +17,10 @@ WHY = "standby refused: the environment differs in LANG"
 def test_warm_and_refused_starts_are_named():
     how = starts({0: Outcome(0, 0, WARM), 1: Outcome(1, 0, COLD, f"{WHY}\n")})
     assert how.promoted == [0] and how.refused == {1: WHY}
-    assert how.text() == f"; from the standby on 1 of 2 workers, worker 1 cold ({WHY})"
+    assert how.text() == f", 1 of 2 from their standby; worker 1 cold ({WHY})"
     assert how.fields() == {"standby": {"promoted": [0], "refused": {"1": WHY}}}
     every = starts({0: Outcome(0, 0, WARM), 1: Outcome(1, 0, WARM)})
-    assert every.text() == "; from the standby on 2 of 2 workers" and every.refused == {}
+    assert every.text() == ", 2 of 2 from their standby" and every.refused == {}
 
 
 def test_a_job_without_a_standby_gets_no_clause():
