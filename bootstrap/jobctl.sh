@@ -46,16 +46,20 @@ SYSTEM_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 MACHINE_NAMES=(HOME LANG LC_ALL TZ SSL_CERT_FILE SSL_CERT_DIR HTTPS_PROXY HTTP_PROXY NO_PROXY
   https_proxy http_proxy no_proxy)
 launch_env() {
-  local name line
-  printf '%s\0' "TPUPOD_ROOT=$ROOT" "PATH=$SYSTEM_PATH" # a later PATH (the manager's) wins
-  # Under systemd, the manager's environment, which every unit starts with (its PATH may hold
-  # /snap/bin, its DefaultEnvironment= whatever the image sets; an SSH caller's forwarded LANG
-  # is not the machine's); an escaped value ($'...') is left out on both sides alike. Else the
-  # machine's home, locale, trust and proxies, as the image or the local pod gives every process
-  # (a local worker's HOME is its own).
+  local name line path="PATH=$SYSTEM_PATH" marks=(TPUPOD_NO_SYSTEMD)
+  printf '%s\0' "TPUPOD_ROOT=$ROOT"
+  # Under systemd, the manager's environment, which every unit starts with (its PATH and
+  # whatever the image sets there; an SSH caller's forwarded LANG is not the machine's), with
+  # systemd's marks of the unit that calls this (the launcher echoes to the journal); an escaped
+  # value ($'...') is left out on both sides alike. Else the machine's home, locale, trust and
+  # proxies, as the image or the local pod gives every process (a local worker's HOME is its
+  # own), and no marks: a local worker's caller may be some unit of its host's, not the worker's.
   if have_systemd; then
+    marks+=(INVOCATION_ID JOURNAL_STREAM)
     while IFS= read -r line; do
-      if [[ "$line" == [A-Za-z_]*=* ]] && [[ "${line#*=}" != "\$'"* ]] &&
+      if [[ "${line%%=*}" == PATH ]]; then
+        path=$line
+      elif [[ "$line" == [A-Za-z_]*=* ]] && [[ "${line#*=}" != "\$'"* ]] &&
         [[ "${line%%=*}" != TPUPOD_ROOT ]]; then
         printf '%s\0' "$line"
       fi
@@ -65,12 +69,8 @@ launch_env() {
       if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
     done
   fi
-  # Whether and where systemd is ours (the job's launcher calls `jobctl standby`), and its own
-  # marks where a unit calls this (the launcher echoes to the journal); a local worker's caller
-  # may be some unit of its host's: not the worker's.
-  local marks=(TPUPOD_NO_SYSTEMD)
-  ! have_systemd || marks+=(INVOCATION_ID JOURNAL_STREAM)
-  [ "${SYSTEMCTL[1]:-}" != --user ] || marks+=(TPUPOD_SYSTEMD_SCOPE XDG_RUNTIME_DIR XDG_CONFIG_HOME)
+  printf '%s\0' "$path"
+  # Whether systemd is ours carries to the job's launcher (it calls `jobctl standby`).
   for name in "${marks[@]}"; do
     if [ -n "${!name:-}" ]; then printf '%s\0' "$name=${!name}"; fi
   done

@@ -22,9 +22,14 @@ class Starts:
     promoted: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
 
+    @property
+    def any(self) -> bool:
+        """Whether any worker had a standby to use (promoted or refused)."""
+        return bool(self.promoted or self.refused)
+
     def text(self) -> str:
         """'' when no worker had a standby to use; else a clause for the restart's line."""
-        if not self.promoted and not self.refused:
+        if not self.any:
             return ""
         said = f", {len(self.promoted)} of {self.workers} from their standby"
         cold = "; ".join(f"worker {i} cold ({why})" for i, why in sorted(self.refused.items()))
@@ -32,7 +37,7 @@ class Starts:
 
     def fields(self) -> dict:
         """The journal's fields: {} when no worker had a standby to use."""
-        if not self.promoted and not self.refused:
+        if not self.any:
             return {}
         refused = {str(i): why for i, why in sorted(self.refused.items())}
         return {"standby": {"promoted": sorted(self.promoted), "refused": refused}}

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from tpupod_job.standby import LIBTPU_LOCKFILE
+
 JOBKIT = Path(__file__).resolve().parents[2] / "bootstrap" / "jobkit"
 PROBE = """
 import json, os, sys
@@ -128,6 +130,9 @@ def test_imports_that_hold_the_accelerator_end_the_standby_before_it_parks(tmp_p
         assert (child.wait(timeout=60) == 0) is parks
     log = (tmp_path / "standby.log").read_text()
     assert f"standby: its imports opened {lock}, the running job's accelerator" in log
+    # The default is the one `jobctl clear-locks` removes.
+    jobctl = (JOBKIT.parent / "jobctl.sh").read_text()
+    assert f'LOCKFILE="${{TPUPOD_LIBTPU_LOCKFILE:-{LIBTPU_LOCKFILE}}}"' in jobctl
 
 
 def test_the_prepare_hook_re_execs_once_with_its_variables_same_pid(tmp_path):

@@ -41,6 +41,7 @@ OWN = (FD, PRELOAD, PREPARE, PREPARED)
 # Set at the go, for the job: when it was promoted (unix s). Its process started when it parked,
 # so /proc's start time is not when this attempt began (the built-in trainer reports both).
 PROMOTED_AT = "TPUPOD_STANDBY_PROMOTED_AT"
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"  # libtpu's; jobctl.sh's LOCKFILE default (tested equal)
 
 
 def prepare(environ: dict) -> dict | None:
@@ -66,7 +67,7 @@ def accelerator_held(environ=os.environ) -> list[str]:
     (/dev/accel*, /dev/vfio/*) or libtpu's lockfile. Importing JAX, Flax, Optax, Orbax or grain
     opens none (the backend starts at the first computation); a preload that does would contend
     with the job it stands by for, so it does not park."""
-    lock = environ.get("TPUPOD_LIBTPU_LOCKFILE", "/tmp/libtpu_lockfile")  # jobctl's too
+    lock = environ.get("TPUPOD_LIBTPU_LOCKFILE", LIBTPU_LOCKFILE)
     held = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
