@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import threading
@@ -22,7 +21,7 @@ from functools import partial
 from contract import metadata
 from localpod import procs
 from localpod.state import PodError, PodPaths, SliceState, check_transition
-from localpod.vm import worker_vm
+from localpod.vm import trash, worker_vm
 from localpod.vm.environment import accelerator_type, worker_attributes
 from localpod.vm.metadata_server import MetadataStore
 from localpod.vm.worker_vm import Instance
@@ -57,8 +56,7 @@ class Slice:
         self._agents: dict[int, Agent] = {}
         self.instances: list[Instance] = []  # of the current node, by worker index
         self._busy = False  # preempting or shutting down: agents dying is expected
-        for left in (paths.root / "trash").glob("*"):  # from a controller that stopped mid-wipe
-            threading.Thread(target=shutil.rmtree, args=(left, True), daemon=True).start()
+        self._reaper = trash.Reaper(paths.root).start()  # old disks, and a stopped pod's
 
     # -- reading -----------------------------------------------------------------------------
     def describe(self) -> dict:
@@ -319,7 +317,9 @@ class Slice:
                     return
 
     def shutdown(self) -> None:
-        """Stop every worker now (controller exit), even while an operation is running."""
+        """Stop every worker now (controller exit), even while an operation is running; then
+        delete the old disks still in the trash."""
         with self._lock:
             self._busy = True
         self._stop_agents(grace=1.0)
+        self._reaper.stop()

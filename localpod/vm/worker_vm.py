@@ -9,14 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 
 from localpod.state import PodPaths, write_json
+from localpod.vm import trash
 from localpod.vm.environment import image_bin, registry_unreachable_env, worker_env
 
 
@@ -38,30 +37,12 @@ def write_ed25519_key(path: Path, comment: str) -> str:
     return key.export_public_key("openssh").decode().split()[1]
 
 
-def wipe(paths: PodPaths, path: Path) -> None:
-    """Move the old disk aside at once and delete it in the background: a worker's uv cache and
-    .venv hold tens of thousands of files, and deleting them would hold up the create. An `rm`
-    of the lowest CPU and idle I/O priority, not a thread: the controller (TPU API, metadata)
-    keeps its GIL and the new workers' boots (which unpack as much) come first."""
-    if not path.exists():
-        return
-    trash = paths.root / "trash" / f"{path.name}-{time.time_ns()}"
-    trash.parent.mkdir(exist_ok=True)
-    path.rename(trash)
-    rm = ["nice", "-n", "19", "rm", "-rf", "--one-file-system", str(trash)]
-    if shutil.which("ionice"):  # util-linux; without it, only the CPU priority is lowered
-        rm = ["ionice", "-c", "3", *rm]
-    threading.Thread(
-        target=subprocess.run, args=(rm,), kwargs={"check": False}, daemon=True
-    ).start()
-
-
 def boot(
     paths: PodPaths, layout: dict, index: int, hostname: str
 ) -> tuple[subprocess.Popen, Instance]:
     """A fresh disk (wiped worker dir), host key and authorized_keys, then the agent."""
     worker_dir = paths.worker(index)
-    wipe(paths, worker_dir)
+    trash.move_to_trash(paths.root, worker_dir)  # deleted later, while no worker boots
     host_key = write_ed25519_key(paths.host_key(index), comment=f"root@{hostname}")
     home = paths.home(index)
     (home / ".ssh").mkdir(parents=True)
