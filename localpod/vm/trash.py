@@ -6,8 +6,9 @@ here right away (its uv cache and .venv: ~15,000 files, ~1 GB a worker) beside t
 own unpacking of as much made their bootstrap seconds slower: a cost of the test bed that GCP
 has not, in every cold-recreate figure (`nice` and `ionice` do not help: ext4's journal is
 shared, and `ionice -c 3` means nothing to mq-deadline). So the pod deletes its trash while it
-is quiet (no worker booting, and no boot ended within SETTLE_S: the job's start after it), in
-small batches, pausing as soon as a boot begins. An entry waiting longer than MAX_WAIT_S is
+is quiet: every worker booted and its job training (status.json says so, heartbeat fresh: not
+starting, restoring or compiling after a boot, a crash or a hang), in small batches, pausing as
+soon as that ends. An entry waiting longer than MAX_WAIT_S is
 deleted anyway, so a worker that never finishes a boot cannot fill the disk.
 """
 
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-SETTLE_S = 8.0  # after a boot ends: the job's imports, restore, compile and first step
+FRESH_S = 5.0  # the trainer's status heartbeat comes every 2 s (trainer.config)
 MAX_WAIT_S = 120.0
 BATCH = 200  # unlinks between two looks at the pod
 POLL_S = 0.2
@@ -46,20 +47,31 @@ def trashed_at(entry: Path) -> float:
         return 0.0  # not ours: oldest, and past any wait
 
 
-def workers_quiet(root: Path, now: float | None = None, settle_s: float = SETTLE_S) -> bool:
-    """No worker of the pod at `root` is booting: each one's bootstrap.json says it ended, more
-    than `settle_s` ago. A worker directory without one is booting (its script has not begun)."""
+def workers_quiet(root: Path, now: float | None = None) -> bool:
+    """Every worker of the pod at `root` booted (bootstrap.json ended) and its job trains (its
+    status.json: state `training`, heartbeat within FRESH_S). A worker directory without them is
+    booting, or its job starting or stopped: not quiet (MAX_WAIT_S bounds the wait)."""
     now = time.time() if now is None else now
     for worker in (root / "workers").glob("*"):
         if not worker.is_dir():
             continue
-        try:
-            doc = json.loads((worker / "tpupod" / "bootstrap.json").read_text())
-        except (OSError, ValueError):
+        boot, job = (
+            _json(worker / "tpupod" / "bootstrap.json"),
+            _json(worker / "tpupod" / "status.json"),
+        )
+        if boot.get("state") not in FINAL_STATES or job.get("state") != "training":
             return False
-        if doc.get("state") not in FINAL_STATES or now - float(doc.get("updated", 0)) < settle_s:
+        if now - float(job.get("heartbeat") or 0) > FRESH_S:
             return False
     return True
+
+
+def _json(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 class Reaper:

@@ -13,12 +13,18 @@ from pathlib import Path
 from localpod.vm import trash
 
 
-def _worker(root: Path, index: int, state: str | None, ended_ago: float = 60.0) -> None:
+def _worker(root: Path, index: int, boot: str | None, job: str | None = "training",
+            beat_ago: float = 0.5) -> Path:  # fmt: skip
+    """A worker whose bootstrap.json says `boot` and status.json `job` (None: no such file)."""
     tpupod = root / "workers" / str(index) / "tpupod"
-    tpupod.mkdir(parents=True)
-    if state is not None:
-        doc = {"state": state, "updated": time.time() - ended_ago}
-        (tpupod / "bootstrap.json").write_text(json.dumps(doc))
+    tpupod.mkdir(parents=True, exist_ok=True)
+    for name, state, extra in (("bootstrap", boot, {"updated": time.time()}),
+                               ("status", job, {"heartbeat": time.time() - beat_ago})):  # fmt: skip
+        path = tpupod / f"{name}.json"
+        path.unlink(missing_ok=True)
+        if state is not None:
+            path.write_text(json.dumps({"state": state, **extra}))
+    return tpupod
 
 
 def _old_disk(root: Path, files: int = 50) -> Path:
@@ -41,33 +47,32 @@ def _wait(predicate, timeout: float = 10.0) -> bool:
     return predicate()
 
 
-def test_quiet_only_when_every_boot_ended_a_while_ago(tmp_path: Path):
+def test_quiet_only_while_every_job_trains(tmp_path: Path):
     assert trash.workers_quiet(tmp_path)  # no workers at all
     _worker(tmp_path, 0, "ok")
     assert trash.workers_quiet(tmp_path)
-    _worker(tmp_path, 1, None)  # its startup script has not written anything yet
-    assert not trash.workers_quiet(tmp_path)
-    (tmp_path / "workers" / "1" / "tpupod" / "bootstrap.json").write_text(
-        json.dumps({"state": "running", "updated": time.time() - 60})
-    )
-    assert not trash.workers_quiet(tmp_path)
-    (tmp_path / "workers" / "1" / "tpupod" / "bootstrap.json").write_text(
-        json.dumps({"state": "ok", "updated": time.time() - 1})
-    )
-    assert not trash.workers_quiet(tmp_path)  # ended, but the job is still starting
-    assert trash.workers_quiet(tmp_path, settle_s=0.5)
-    assert trash.workers_quiet(tmp_path, now=time.time() + trash.SETTLE_S)
+    for boot, job, beat_ago, why in (
+        (None, None, 0.5, "its startup script has not written anything yet"),
+        ("running", None, 0.5, "booting"),
+        ("ok", None, 0.5, "booted, its job not started"),
+        ("ok", "restoring", 0.5, "its job restoring (after a boot, a crash or a hang)"),
+        ("ok", "training", trash.FRESH_S + 1, "its job's heartbeat stale (stopped or hung)"),
+    ):
+        _worker(tmp_path, 1, boot, job, beat_ago)
+        assert not trash.workers_quiet(tmp_path), why
+    _worker(tmp_path, 1, "ok", "training")
+    assert trash.workers_quiet(tmp_path)
+    assert not trash.workers_quiet(tmp_path, now=time.time() + trash.FRESH_S + 1)
 
 
 def test_kept_while_a_worker_boots_then_deleted(tmp_path: Path):
     moved = _old_disk(tmp_path)
-    _worker(tmp_path, 1, "running")
+    _worker(tmp_path, 1, "running", None)
     reaper = trash.Reaper(tmp_path, poll_s=0.02).start()
     try:
         time.sleep(0.5)
         assert moved.exists() and any(moved.rglob("f*")), "deleted while a worker booted"
-        boot = tmp_path / "workers" / "1" / "tpupod" / "bootstrap.json"
-        boot.write_text(json.dumps({"state": "ok", "updated": time.time() - trash.SETTLE_S}))
+        _worker(tmp_path, 1, "ok", "training")
         assert _wait(lambda: not moved.exists()), "never deleted once the pod was quiet"
     finally:
         reaper.stop()
