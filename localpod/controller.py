@@ -205,7 +205,7 @@ class Controller:
     def run(self) -> None:
         while not self.stop.wait(UPKEEP_INTERVAL_S):
             self.slice.check_agents()
-            keep = {self.emulator.pid} | self.slice.agent_pids()
+            keep = {self.emulator.pid} | self.slice.agent_pids() | self.slice.reaper_pids()
             procs.reap_zombies(skip=keep)
 
     def close(self) -> None:

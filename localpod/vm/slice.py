@@ -89,6 +89,11 @@ class Slice:
         with self._lock:
             return {a.popen.pid for a in self._agents.values()}
 
+    def reaper_pids(self) -> set[int]:
+        """The trash reaper's rm, while one runs: its own Popen waits for it."""
+        rm = self._reaper.rm
+        return {rm.pid} if rm is not None else set()
+
     def _set(self, new: SliceState, health: str | None = None, detail: str | None = None):
         with self._lock:
             check_transition(self.state, new)

@@ -7,16 +7,17 @@ own unpacking of as much made their bootstrap seconds slower: a cost of the test
 has not, in every cold-recreate figure (`nice` and `ionice` do not help: ext4's journal is
 shared, and `ionice -c 3` means nothing to mq-deadline). So the pod deletes its trash while it
 is quiet: every worker booted and its job training (status.json says so, heartbeat fresh: not
-starting, restoring or compiling after a boot, a crash or a hang), in small batches, pausing as
-soon as that ends. An entry waiting longer than MAX_WAIT_S is
-deleted anyway, so a worker that never finishes a boot cannot fill the disk.
+starting, restoring or compiling after a boot, a crash or a hang), with an `rm` stopped within
+POLL_S as soon as that ends. An entry waiting longer than MAX_WAIT_S is deleted anyway, so a
+worker that never finishes a boot cannot fill the disk.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -24,8 +25,8 @@ from pathlib import Path
 
 FRESH_S = 5.0  # the trainer's status heartbeat comes every 2 s (trainer.config)
 MAX_WAIT_S = 120.0
-BATCH = 200  # unlinks between two looks at the pod
-POLL_S = 0.2
+POLL_S = 0.1  # how soon a boot that begins stops the deletion
+RM = ("nice", "-n", "19", "rm", "-rf", "--one-file-system")
 FINAL_STATES = ("ok", "failed")
 
 
@@ -75,14 +76,19 @@ def _json(path: Path) -> dict:
 
 
 class Reaper:
-    """One daemon thread deleting `root`/trash's entries, oldest first, while `quiet()`."""
+    """One daemon thread deleting `root`/trash's entries, oldest first, while `quiet()`: each with
+    an `rm -rf` of its own (a C loop, not this process's GIL, which serves the pod's APIs),
+    stopped (SIGSTOP) whenever the pod is not quiet and continued (SIGCONT) when it is again."""
 
     def __init__(self, root: Path, quiet: Callable[[], bool] | None = None,
-                 max_wait_s: float = MAX_WAIT_S, poll_s: float = POLL_S) -> None:  # fmt: skip
+                 max_wait_s: float = MAX_WAIT_S, poll_s: float = POLL_S,
+                 command: tuple[str, ...] = RM) -> None:  # fmt: skip
         self.trash = root / "trash"
         self.quiet = quiet or (lambda: workers_quiet(root))
         self.max_wait_s = max_wait_s
         self.poll_s = poll_s
+        self.command = command
+        self.rm: subprocess.Popen | None = None  # the one running now (tests look at it)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trash-reaper", daemon=True)
 
@@ -91,7 +97,7 @@ class Reaper:
         return self
 
     def stop(self) -> None:
-        """Stop the thread, then delete what is left now (the workers are gone)."""
+        """Stop the thread (and its rm), then delete what is left now (the workers are gone)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
@@ -104,36 +110,34 @@ class Reaper:
         except OSError:
             return []
 
-    def _may_delete(self, since: float) -> bool:
-        """Wait until the pod is quiet or the entry waited MAX_WAIT_S; False once stopped."""
-        while not self._stop.is_set():
-            if self.quiet() or time.time() - since > self.max_wait_s:
-                return True
-            self._stop.wait(self.poll_s)
-        return False
+    def _allowed(self, since: float) -> bool:
+        return self.quiet() or time.time() - since > self.max_wait_s
 
     def _run(self) -> None:
         while not self._stop.is_set():
             entries = self._entries()
-            if not entries:
+            if entries and self._allowed(since := trashed_at(entries[0])):
+                self._delete(entries[0], since)
+            else:
                 self._stop.wait(self.poll_s)
-                continue
-            self._delete(entries[0], since=trashed_at(entries[0]))
 
     def _delete(self, entry: Path, since: float) -> None:
-        """Bottom-up, BATCH unlinks at a time, asking again before each batch."""
-        done = 0
-        for top, dirs, files in os.walk(entry, topdown=False):
-            for name in files + dirs:
-                if done % BATCH == 0 and not self._may_delete(since):
-                    return
-                path = os.path.join(top, name)
-                try:
-                    if name in dirs and not os.path.islink(path):
-                        os.rmdir(path)
-                    else:
-                        os.unlink(path)
-                except OSError:
-                    pass  # shutil.rmtree below takes what is left
-                done += 1
-        shutil.rmtree(entry, ignore_errors=True)
+        self.rm = rm = subprocess.Popen(
+            [*self.command, str(entry)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        running = True
+        try:
+            while rm.poll() is None and not self._stop.is_set():
+                if self._allowed(since) != running:
+                    running = not running
+                    rm.send_signal(signal.SIGCONT if running else signal.SIGSTOP)
+                self._stop.wait(self.poll_s)
+        finally:
+            if rm.poll() is None:  # stopping: stop's own rmtree takes what is left
+                rm.kill()
+                rm.send_signal(signal.SIGCONT)
+                rm.wait()
+            self.rm = None
+        if rm.returncode not in (0, -signal.SIGKILL):
+            shutil.rmtree(entry, ignore_errors=True)  # what rm could not, never in a loop

@@ -78,18 +78,28 @@ def test_kept_while_a_worker_boots_then_deleted(tmp_path: Path):
         reaper.stop()
 
 
-def test_a_boot_beginning_pauses_the_deletion(tmp_path: Path):
-    moved = _old_disk(tmp_path, files=5 * trash.BATCH)
-    answers = iter([True])  # quiet for the first batch only, then a boot begins
-    booting = {"now": True}
-    reaper = trash.Reaper(tmp_path, quiet=lambda: next(answers, not booting["now"]), poll_s=0.02)
+def _state(pid: int) -> str:
+    """The process's state letter (/proc/PID/stat): T when stopped."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_boot_beginning_stops_the_rm_until_quiet_again(tmp_path: Path):
+    """A slow stand-in for rm (it sleeps, then deletes) shows the stop and the continue on a
+    real process; the real rm is the other tests'."""
+    moved = _old_disk(tmp_path)
+    quiet = {"now": True}
+    slow_rm = ("sh", "-c", 'sleep 1; exec rm -rf "$0"')
+    reaper = trash.Reaper(tmp_path, quiet=lambda: quiet["now"], poll_s=0.02, command=slow_rm)
     reaper.start()
     try:
-        time.sleep(0.5)
-        left = sum(1 for _ in moved.rglob("*"))
-        assert 0 < left < 5 * trash.BATCH, f"{left} entries left: not paused after one batch"
-        booting["now"] = False
-        assert _wait(lambda: not moved.exists())
+        assert _wait(lambda: reaper.rm is not None), "no rm started while quiet"
+        rm = reaper.rm
+        quiet["now"] = False  # a boot begins
+        assert _wait(lambda: _state(rm.pid) == "T"), "the rm kept running while a worker booted"
+        time.sleep(1.5)
+        assert moved.exists(), "deleted while a worker booted"
+        quiet["now"] = True
+        assert _wait(lambda: not moved.exists()), "not continued once quiet again"
     finally:
         reaper.stop()
 
