@@ -2,14 +2,15 @@
 
 A create moves each old worker directory aside at once (a rename) instead of deleting it: on
 GCP an old VM's disk goes away on Google's side, never on the new VM's CPU or disk. Deleting it
-here right away (its uv cache and .venv: ~15,000 files, ~1 GB a worker) beside the new workers'
-own unpacking of as much made their bootstrap seconds slower: a cost of the test bed that GCP
-has not, in every cold-recreate figure (`nice` and `ionice` do not help: ext4's journal is
-shared, and `ionice -c 3` means nothing to mq-deadline). So the pod deletes its trash while it
-is quiet: every worker booted and its job training (status.json says so, heartbeat fresh: not
-starting, restoring or compiling after a boot, a crash or a hang), with an `rm` stopped within
-POLL_S as soon as that ends. An entry waiting longer than MAX_WAIT_S is deleted anyway, so a
-worker that never finishes a boot cannot fill the disk.
+here right away (its uv cache and .venv: ~15,000 files, ~1 GB a worker) put the test bed's own
+disk work inside the new workers' boots, which unpack as much: a cost GCP has not, in every
+cold-recreate figure (`nice` and `ionice` do not keep it out: ext4's journal is shared, and
+`ionice -c 3` means nothing to mq-deadline). How much it cost is not separable here from this
+machine's disk, which throttles sustained writes (README, *Known limits*). So the pod deletes
+its trash while it is quiet: every worker booted and its job training (status.json says so,
+heartbeat fresh: not starting, restoring or compiling after a boot, a crash or a hang), with an
+`rm` stopped within POLL_S as soon as that ends. An entry waiting longer than MAX_WAIT_S is
+deleted anyway, so a worker that never finishes a boot cannot fill the disk.
 """
 
 from __future__ import annotations
