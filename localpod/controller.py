@@ -34,6 +34,7 @@ from localpod.gcp.tpu_nodes import TpuService
 from localpod.gcp.tpu_quota import Quota
 from localpod.state import PodError, PodPaths, read_json, write_json
 from localpod.timed_kills import TimedKills
+from localpod.vm import trash
 from localpod.vm.metadata_server import PROJECT_ID, ZONE, MetadataServer, MetadataStore
 from localpod.vm.privilege import login_user
 from localpod.vm.slice import Slice
@@ -94,15 +95,18 @@ class Controller:
         self.tpu: TpuApiServer | None = None
         self.compute: ComputeApiServer | None = None
         self.slice: Slice | None = None
+        self.reaper: trash.Reaper | None = None  # the old disks of recreated workers
         self.kills: TimedKills | None = None
         self.oslogin: oslogin.OsLoginServer | None = None
         self.secrets: secret_manager.SecretManagerServer | None = None
         self.gate: Gate | None = None
 
     def kill_strays(self) -> None:
-        """Kill our descendants that are neither the emulator's tree nor a live worker agent's."""
+        """Kill our descendants that are neither the emulator's tree, a live worker agent's nor
+        the trash reaper's rm."""
         keep = {self.emulator.pid} if self.emulator else set()
         keep |= self.slice.agent_pids() if self.slice else set()
+        keep |= self.reaper.pids() if self.reaper else set()
         everything = procs.all_procs()
         kept = set(keep)
         for pid in keep:
@@ -154,6 +158,7 @@ class Controller:
         )
         self.metadata.start()
         self.slice = Slice(self.paths, self.layout, store, self.kill_strays)
+        self.reaper = trash.Reaper(self.paths).start()
         self.kills = TimedKills(lambda i: self.paths.tpupod_root(i) / "status.json",
                                 self.slice.signal_job)  # fmt: skip
         quota = Quota(**self.config.get("quota", {}))  # chips per region and per zone, per tier
@@ -205,7 +210,7 @@ class Controller:
     def run(self) -> None:
         while not self.stop.wait(UPKEEP_INTERVAL_S):
             self.slice.check_agents()
-            keep = {self.emulator.pid} | self.slice.agent_pids() | self.slice.reaper_pids()
+            keep = {self.emulator.pid} | self.slice.agent_pids() | self.reaper.pids()
             procs.reap_zombies(skip=keep)
 
     def close(self) -> None:
@@ -232,6 +237,8 @@ class Controller:
                 self.emulator.kill()
                 self.emulator.wait(timeout=5)
         self.kill_strays()
+        if self.reaper:  # after the workers: what is left goes to one detached rm
+            self.reaper.stop()
         _log("stopped")
         pod = read_json(self.paths.pod)
         if pod and pod.get("controller_pid") == os.getpid():

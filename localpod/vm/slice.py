@@ -21,7 +21,7 @@ from functools import partial
 from contract import metadata
 from localpod import procs
 from localpod.state import PodError, PodPaths, SliceState, check_transition
-from localpod.vm import trash, worker_vm
+from localpod.vm import worker_vm
 from localpod.vm.environment import accelerator_type, worker_attributes
 from localpod.vm.metadata_server import MetadataStore
 from localpod.vm.worker_vm import Instance
@@ -56,7 +56,6 @@ class Slice:
         self._agents: dict[int, Agent] = {}
         self.instances: list[Instance] = []  # of the current node, by worker index
         self._busy = False  # preempting or shutting down: agents dying is expected
-        self._reaper = trash.Reaper(paths.root).start()  # old disks, and a stopped pod's
 
     # -- reading -----------------------------------------------------------------------------
     def describe(self) -> dict:
@@ -88,11 +87,6 @@ class Slice:
     def agent_pids(self) -> set[int]:
         with self._lock:
             return {a.popen.pid for a in self._agents.values()}
-
-    def reaper_pids(self) -> set[int]:
-        """The trash reaper's rm, while one runs: its own Popen waits for it."""
-        rm = self._reaper.rm
-        return {rm.pid} if rm is not None else set()
 
     def _set(self, new: SliceState, health: str | None = None, detail: str | None = None):
         with self._lock:
@@ -322,9 +316,7 @@ class Slice:
                     return
 
     def shutdown(self) -> None:
-        """Stop every worker now (controller exit), even while an operation is running; then
-        delete the old disks still in the trash."""
+        """Stop every worker now (controller exit), even while an operation is running."""
         with self._lock:
             self._busy = True
         self._stop_agents(grace=1.0)
-        self._reaper.stop()

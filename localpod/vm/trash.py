@@ -1,34 +1,39 @@
-"""The old disks of recreated workers, deleted only while no worker boots.
+"""The old disks of recreated workers, deleted only while every worker's job trains.
 
 A create moves each old worker directory aside at once (a rename) instead of deleting it: on
 GCP an old VM's disk goes away on Google's side, never on the new VM's CPU or disk. Deleting it
 here right away (its uv cache and .venv: ~15,000 files, ~1 GB a worker) put the test bed's own
 disk work inside the new workers' boots, which unpack as much: a cost GCP has not, in every
-cold-recreate figure (`nice` and `ionice` do not keep it out: ext4's journal is shared, and
+cold-recreate figure (a low CPU priority does not keep it out: ext4's journal is shared, and
 `ionice -c 3` means nothing to mq-deadline). How much it cost is not separable here from this
 machine's disk, which throttles sustained writes (README, *Known limits*). So the pod deletes
-its trash while it is quiet: every worker booted and its job training (status.json says so,
-heartbeat fresh: not starting, restoring or compiling after a boot, a crash or a hang), with an
-`rm` stopped within POLL_S as soon as that ends. An entry waiting longer than MAX_WAIT_S is
-deleted anyway, so a worker that never finishes a boot cannot fill the disk.
+its trash while it is quiet: every worker booted and its job training (status.json fresh and
+not starting, restoring or compiling after a boot, a crash or a hang), with an `rm` stopped
+within POLL_S as soon as that ends. An entry waiting longer than MAX_WAIT_S is deleted anyway,
+so a pod whose job never trains cannot fill the disk; one that `rm` cannot delete is set aside
+in trash/.stuck (said once on stderr), never retried in a loop.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from contract.status import JobState, parse_status
+from localpod.state import PodPaths
+
 FRESH_S = 5.0  # the trainer's status heartbeat comes every 2 s (trainer.config)
 MAX_WAIT_S = 120.0
 POLL_S = 0.1  # how soon a boot that begins stops the deletion
 RM = ("nice", "-n", "19", "rm", "-rf", "--one-file-system")
-FINAL_STATES = ("ok", "failed")
+STUCK = ".stuck"  # under trash/: what rm could not delete
 
 
 def move_to_trash(root: Path, path: Path) -> Path | None:
@@ -49,47 +54,46 @@ def trashed_at(entry: Path) -> float:
         return 0.0  # not ours: oldest, and past any wait
 
 
-def workers_quiet(root: Path, now: float | None = None) -> bool:
-    """Every worker of the pod at `root` booted (bootstrap.json ended) and its job trains (its
-    status.json: state `training`, heartbeat within FRESH_S). A worker directory without them is
-    booting, or its job starting or stopped: not quiet (MAX_WAIT_S bounds the wait)."""
+def workers_quiet(paths: PodPaths, now: float | None = None) -> bool:
+    """Every worker of the pod booted (bootstrap.json `ok`) and its job trains: its status file
+    (contract.status, as the watch reads it) written within FRESH_S, training or saving. A
+    worker without them is booting, or its job starting or stopped: not quiet."""
     now = time.time() if now is None else now
-    for worker in (root / "workers").glob("*"):
-        if not worker.is_dir():
+    for worker in (paths.root / "workers").glob("*"):
+        if not worker.is_dir() or not worker.name.isdigit():
             continue
-        boot, job = (
-            _json(worker / "tpupod" / "bootstrap.json"),
-            _json(worker / "tpupod" / "status.json"),
-        )
-        if boot.get("state") not in FINAL_STATES or job.get("state") != "training":
+        root = paths.tpupod_root(int(worker.name))
+        try:
+            boot = json.loads((root / "bootstrap.json").read_text())
+            job = parse_status((root / "status.json").read_text())
+        except (OSError, ValueError):
             return False
-        if now - float(job.get("heartbeat") or 0) > FRESH_S:
+        if not isinstance(boot, dict) or boot.get("state") != "ok" or job is None:
+            return False
+        if job.state not in (JobState.TRAINING, JobState.SAVING):
+            return False
+        if now - job.updated > FRESH_S:
             return False
     return True
 
 
-def _json(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 class Reaper:
-    """One daemon thread deleting `root`/trash's entries, oldest first, while `quiet()`: each with
+    """One daemon thread deleting the pod's trash, oldest entry first, while `quiet()`: each with
     an `rm -rf` of its own (a C loop, not this process's GIL, which serves the pod's APIs),
     stopped (SIGSTOP) whenever the pod is not quiet and continued (SIGCONT) when it is again."""
 
-    def __init__(self, root: Path, quiet: Callable[[], bool] | None = None,
+    def __init__(self, paths: PodPaths, quiet: Callable[[], bool] | None = None,
                  max_wait_s: float = MAX_WAIT_S, poll_s: float = POLL_S,
                  command: tuple[str, ...] = RM) -> None:  # fmt: skip
-        self.trash = root / "trash"
-        self.quiet = quiet or (lambda: workers_quiet(root))
+        self.root = paths.root
+        self.trash = paths.root / "trash"
+        self.quiet = quiet or (lambda: workers_quiet(paths))
         self.max_wait_s = max_wait_s
         self.poll_s = poll_s
         self.command = command
-        self.rm: subprocess.Popen | None = None  # the one running now (tests look at it)
+        self.spawned = 0  # rm processes started (tests count them)
+        self._rm: subprocess.Popen | None = None
+        self._rm_lock = threading.Lock()  # the zombie reaper must see an rm from its fork on
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trash-reaper", daemon=True)
 
@@ -97,17 +101,33 @@ class Reaper:
         self._thread.start()
         return self
 
+    def pids(self) -> set[int]:
+        """The rm running now, if any: its Popen waits for it (the controller's zombie reaping
+        leaves it alone)."""
+        with self._rm_lock:
+            return {self._rm.pid} if self._rm is not None else set()
+
     def stop(self) -> None:
-        """Stop the thread (and its rm), then delete what is left now (the workers are gone)."""
+        """End the thread and its rm at once, then hand what is left to one detached `rm` of the
+        whole trash (renamed aside first): a controller's exit is never held by GBs of deletes,
+        and the next pod on this directory starts with an empty trash."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        for entry in self._entries():
-            shutil.rmtree(entry, ignore_errors=True)
+        if not self.trash.is_dir():
+            return
+        leaving = self.root / f"trash-leaving-{time.time_ns()}"
+        try:
+            self.trash.rename(leaving)
+        except OSError:
+            return
+        subprocess.Popen([*RM, str(leaving)], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)  # fmt: skip
 
     def _entries(self) -> list[Path]:
         try:
-            return sorted(self.trash.iterdir(), key=trashed_at)
+            return sorted((p for p in self.trash.iterdir() if p.name != STUCK), key=trashed_at)
         except OSError:
             return []
 
@@ -116,17 +136,22 @@ class Reaper:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            entries = self._entries()
-            if entries and self._allowed(since := trashed_at(entries[0])):
-                self._delete(entries[0], since)
-            else:
-                self._stop.wait(self.poll_s)
+            try:
+                entries = self._entries()
+                if entries and self._allowed(since := trashed_at(entries[0])):
+                    self._delete(entries[0], since)
+                    continue
+            except Exception as err:  # noqa: BLE001 - the reaper outlives any one bad turn
+                print(f"trash reaper: {type(err).__name__}: {err}", file=sys.stderr)
+            self._stop.wait(self.poll_s)
 
     def _delete(self, entry: Path, since: float) -> None:
-        self.rm = rm = subprocess.Popen(
-            [*self.command, str(entry)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        with self._rm_lock:
+            self._rm = rm = subprocess.Popen(
+                [*self.command, str(entry)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            self.spawned += 1
         running = True
         try:
             while rm.poll() is None and not self._stop.is_set():
@@ -135,10 +160,16 @@ class Reaper:
                     rm.send_signal(signal.SIGCONT if running else signal.SIGSTOP)
                 self._stop.wait(self.poll_s)
         finally:
-            if rm.poll() is None:  # stopping: stop's own rmtree takes what is left
+            if rm.poll() is None:  # stopping: stop() hands the rest to one detached rm
                 rm.kill()
                 rm.send_signal(signal.SIGCONT)
                 rm.wait()
-            self.rm = None
-        if rm.returncode not in (0, -signal.SIGKILL):
-            shutil.rmtree(entry, ignore_errors=True)  # what rm could not, never in a loop
+            with self._rm_lock:
+                self._rm = None
+        if rm.returncode <= 0 or self._stop.is_set() or not os.path.lexists(entry):
+            return  # done, or killed by a signal (the next turn takes it again)
+        stuck = self.trash / STUCK
+        stuck.mkdir(exist_ok=True)
+        entry.rename(stuck / entry.name)
+        print(f"trash reaper: rm exited {rm.returncode} on {entry}: set aside in {stuck}",
+              file=sys.stderr)  # fmt: skip

@@ -1,4 +1,5 @@
-"""A recreated worker's old disk is deleted only while no worker boots (localpod.vm.trash).
+"""A recreated worker's old disk is deleted only while every worker's job trains
+(localpod.vm.trash).
 
 Each test has its control: the same trash with the pod quiet is deleted, so a reaper that kept
 everything (or deleted at once, as before) fails one of the pair.
@@ -7,24 +8,28 @@ everything (or deleted at once, as before) fails one of the pair.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
+from localpod.state import PodPaths
 from localpod.vm import trash
 
 
 def _worker(root: Path, index: int, boot: str | None, job: str | None = "training",
-            beat_ago: float = 0.5) -> Path:  # fmt: skip
-    """A worker whose bootstrap.json says `boot` and status.json `job` (None: no such file)."""
-    tpupod = root / "workers" / str(index) / "tpupod"
+            beat_ago: float = 0.5, beat: str = "heartbeat") -> None:  # fmt: skip
+    """A worker whose bootstrap.json says `boot` and whose status file says `job`, last written
+    `beat_ago` s ago in field `beat` (None: no such file)."""
+    tpupod = PodPaths(root).tpupod_root(index)
     tpupod.mkdir(parents=True, exist_ok=True)
-    for name, state, extra in (("bootstrap", boot, {"updated": time.time()}),
-                               ("status", job, {"heartbeat": time.time() - beat_ago})):  # fmt: skip
-        path = tpupod / f"{name}.json"
-        path.unlink(missing_ok=True)
-        if state is not None:
-            path.write_text(json.dumps({"state": state, **extra}))
-    return tpupod
+    files = {
+        "bootstrap.json": boot and {"state": boot, "updated": time.time()},
+        "status.json": job and {"state": job, "step": 7, beat: time.time() - beat_ago},
+    }
+    for name, doc in files.items():
+        (tpupod / name).unlink(missing_ok=True)
+        if doc:
+            (tpupod / name).write_text(json.dumps(doc))
 
 
 def _old_disk(root: Path, files: int = 50) -> Path:
@@ -47,28 +52,46 @@ def _wait(predicate, timeout: float = 10.0) -> bool:
     return predicate()
 
 
+def _state(pid: int) -> str | None:
+    """The process's state letter (/proc/PID/stat): T when stopped; None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
 def test_quiet_only_while_every_job_trains(tmp_path: Path):
-    assert trash.workers_quiet(tmp_path)  # no workers at all
+    paths = PodPaths(tmp_path)
+    assert trash.workers_quiet(paths)  # no workers at all
     _worker(tmp_path, 0, "ok")
-    assert trash.workers_quiet(tmp_path)
+    assert trash.workers_quiet(paths)
     for boot, job, beat_ago, why in (
         (None, None, 0.5, "its startup script has not written anything yet"),
         ("running", None, 0.5, "booting"),
+        ("failed", "training", 0.5, "its boot failed"),
         ("ok", None, 0.5, "booted, its job not started"),
         ("ok", "restoring", 0.5, "its job restoring (after a boot, a crash or a hang)"),
+        ("ok", "compiling", 0.5, "its job compiling"),
+        ("ok", "done", 0.5, "its job ended"),
         ("ok", "training", trash.FRESH_S + 1, "its job's heartbeat stale (stopped or hung)"),
     ):
         _worker(tmp_path, 1, boot, job, beat_ago)
-        assert not trash.workers_quiet(tmp_path), why
+        assert not trash.workers_quiet(paths), why
     _worker(tmp_path, 1, "ok", "training")
-    assert trash.workers_quiet(tmp_path)
-    assert not trash.workers_quiet(tmp_path, now=time.time() + trash.FRESH_S + 1)
+    assert trash.workers_quiet(paths)
+    assert not trash.workers_quiet(paths, now=time.time() + trash.FRESH_S + 1)
+    # A job writing only `step` and `time` (tpupod_job.progress, a progress regex) is read the
+    # way the watch reads it (contract.status): fresh, and training since it names no state.
+    _worker(tmp_path, 1, "ok", "training", beat="time")
+    assert trash.workers_quiet(paths)
+    _worker(tmp_path, 1, "ok", "training", beat_ago=trash.FRESH_S + 1, beat="time")
+    assert not trash.workers_quiet(paths)
 
 
 def test_kept_while_a_worker_boots_then_deleted(tmp_path: Path):
     moved = _old_disk(tmp_path)
     _worker(tmp_path, 1, "running", None)
-    reaper = trash.Reaper(tmp_path, poll_s=0.02).start()
+    reaper = trash.Reaper(PodPaths(tmp_path), poll_s=0.02).start()
     try:
         time.sleep(0.5)
         assert moved.exists() and any(moved.rglob("f*")), "deleted while a worker booted"
@@ -78,28 +101,76 @@ def test_kept_while_a_worker_boots_then_deleted(tmp_path: Path):
         reaper.stop()
 
 
-def _state(pid: int) -> str:
-    """The process's state letter (/proc/PID/stat): T when stopped."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+def _slow_reaper(root: Path, sleep_s: float) -> tuple[trash.Reaper, dict, int]:
+    """A reaper whose rm is a slow stand-in (it sleeps, then deletes): the stop and the continue
+    are seen on a real process (the real rm is the other tests'). Returns the reaper, its quiet
+    switch (on) and the pid of the rm it started."""
+    quiet = {"now": True}
+    slow_rm = ("sh", "-c", f'sleep {sleep_s}; exec rm -rf "$0"')
+    reaper = trash.Reaper(PodPaths(root), quiet=lambda: quiet["now"], poll_s=0.02,
+                          command=slow_rm)  # fmt: skip
+    reaper.start()
+    assert _wait(lambda: reaper.pids()), "no rm started while quiet"
+    (pid,) = reaper.pids()
+    return reaper, quiet, pid
 
 
 def test_a_boot_beginning_stops_the_rm_until_quiet_again(tmp_path: Path):
-    """A slow stand-in for rm (it sleeps, then deletes) shows the stop and the continue on a
-    real process; the real rm is the other tests'."""
     moved = _old_disk(tmp_path)
-    quiet = {"now": True}
-    slow_rm = ("sh", "-c", 'sleep 1; exec rm -rf "$0"')
-    reaper = trash.Reaper(tmp_path, quiet=lambda: quiet["now"], poll_s=0.02, command=slow_rm)
-    reaper.start()
+    reaper, quiet, pid = _slow_reaper(tmp_path, 1)
     try:
-        assert _wait(lambda: reaper.rm is not None), "no rm started while quiet"
-        rm = reaper.rm
         quiet["now"] = False  # a boot begins
-        assert _wait(lambda: _state(rm.pid) == "T"), "the rm kept running while a worker booted"
+        assert _wait(lambda: _state(pid) == "T"), "the rm kept running while a worker booted"
         time.sleep(1.5)
         assert moved.exists(), "deleted while a worker booted"
         quiet["now"] = True
         assert _wait(lambda: not moved.exists()), "not continued once quiet again"
+    finally:
+        reaper.stop()
+
+
+def test_stop_ends_a_stopped_rm_and_hands_the_rest_on(tmp_path: Path):
+    moved = _old_disk(tmp_path)
+    reaper, quiet, pid = _slow_reaper(tmp_path, 30)
+    quiet["now"] = False
+    assert _wait(lambda: _state(pid) == "T")
+    began = time.monotonic()
+    reaper.stop()
+    assert time.monotonic() - began < 3, "stop() waited for the rm"
+    assert _state(pid) is None, "a stopped rm outlived the reaper"
+    assert not moved.exists() and not (tmp_path / "trash").exists()
+    assert _wait(lambda: not list(tmp_path.glob("trash-leaving-*"))), "the rest never deleted"
+
+
+def test_an_entry_rm_cannot_delete_is_set_aside_not_retried(tmp_path: Path):
+    moved = _old_disk(tmp_path)
+    later = _old_disk(tmp_path)
+    refuses_one = f'case "$0" in *{moved.name}) exit 1;; esac; exec rm -rf "$0"'
+    reaper = trash.Reaper(PodPaths(tmp_path), quiet=lambda: True, poll_s=0.02,
+                          command=("sh", "-c", refuses_one))  # fmt: skip
+    reaper.start()
+    try:
+        assert _wait(lambda: not later.exists()), "one bad entry held up the ones behind it"
+        time.sleep(0.3)
+        assert (tmp_path / "trash" / trash.STUCK / moved.name).is_dir(), "not set aside"
+        assert reaper.spawned == 2, f"{reaper.spawned} rm runs: the bad entry was retried"
+    finally:
+        reaper.stop()
+
+
+def test_a_failing_look_at_the_pod_does_not_end_the_reaper(tmp_path: Path):
+    moved = _old_disk(tmp_path)
+    answers = iter([ValueError("torn file"), OSError("gone"), True])
+
+    def quiet() -> bool:
+        answer = next(answers, True)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    reaper = trash.Reaper(PodPaths(tmp_path), quiet=quiet, poll_s=0.02).start()
+    try:
+        assert _wait(lambda: not moved.exists()), "the reaper died on an exception"
     finally:
         reaper.stop()
 
@@ -109,15 +180,15 @@ def test_deleted_after_the_longest_wait_even_if_never_quiet(tmp_path: Path):
     stale = moved.with_name(f"0-{time.time_ns() - int((trash.MAX_WAIT_S + 1) * 1e9)}")
     moved.rename(stale)
     fresh = _old_disk(tmp_path)
-    reaper = trash.Reaper(tmp_path, quiet=lambda: False, poll_s=0.02).start()
+    reaper = trash.Reaper(PodPaths(tmp_path), quiet=lambda: False, poll_s=0.02).start()
     try:
         assert _wait(lambda: not stale.exists()), "a never-quiet pod fills its disk"
         time.sleep(0.3)
         assert fresh.exists(), "the entry that has not waited long was deleted too"
     finally:
         reaper.stop()
-    assert not fresh.exists(), "stop() leaves the trash behind"
 
 
 def test_move_to_trash_of_nothing(tmp_path: Path):
     assert trash.move_to_trash(tmp_path, tmp_path / "absent") is None
+    assert not os.path.exists(tmp_path / "trash")
