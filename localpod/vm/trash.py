@@ -16,6 +16,7 @@ in trash/.stuck (said once on stderr), never retried in a loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -114,16 +115,14 @@ class Reaper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        if not self.trash.is_dir():
-            return
-        leaving = self.root / f"trash-leaving-{time.time_ns()}"
-        try:
-            self.trash.rename(leaving)
-        except OSError:
-            return
-        subprocess.Popen([*RM, str(leaving)], start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)  # fmt: skip
+        if self.trash.is_dir():
+            with contextlib.suppress(OSError):
+                self.trash.rename(self.root / f"trash-leaving-{time.time_ns()}")
+        leaving = [str(p) for p in self.root.glob("trash-leaving-*")]  # with an earlier rm's, cut
+        if leaving:
+            subprocess.Popen([*RM, *leaving], start_new_session=True,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
 
     def _entries(self) -> list[Path]:
         try:

@@ -42,7 +42,7 @@ def boot(
 ) -> tuple[subprocess.Popen, Instance]:
     """A fresh disk (wiped worker dir), host key and authorized_keys, then the agent."""
     worker_dir = paths.worker(index)
-    trash.move_to_trash(paths.root, worker_dir)  # deleted later, while no worker boots
+    trash.move_to_trash(paths.root, worker_dir)  # deleted later, while every job trains
     host_key = write_ed25519_key(paths.host_key(index), comment=f"root@{hostname}")
     home = paths.home(index)
     (home / ".ssh").mkdir(parents=True)

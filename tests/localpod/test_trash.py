@@ -131,6 +131,8 @@ def test_a_boot_beginning_stops_the_rm_until_quiet_again(tmp_path: Path):
 
 def test_stop_ends_a_stopped_rm_and_hands_the_rest_on(tmp_path: Path):
     moved = _old_disk(tmp_path)
+    cut_short = tmp_path / "trash-leaving-1"  # an earlier pod's rm, killed before it finished
+    cut_short.mkdir()
     reaper, quiet, pid = _slow_reaper(tmp_path, 30)
     quiet["now"] = False
     assert _wait(lambda: _state(pid) == "T")
