@@ -24,13 +24,14 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as cm
 from orbax.checkpoint._src.handlers.pytree_checkpoint_handler import PyTreeCheckpointHandler
 from orbax.checkpoint._src.path import atomicity_defaults
+from tpupod_job.host_copy import host_copy
 
 from contract.layout import checkpoint_dir
 from trainer import manifest, storage
 from trainer.config import BadInput, Config, shape_signature
 from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSave, frozen
 from trainer.save_policy import save_policy, time_policy
-from trainer.save_start import SaveStarter, host_copy, orbax_manager
+from trainer.save_start import SaveStarter, orbax_manager
 from trainer.tokenizer import identity_of
 from trainer.tree_shapes import leaf_shapes, tree_difference
 

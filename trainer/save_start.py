@@ -6,12 +6,8 @@ processes, a look at the bucket for the step's directory, a fresh event loop and
 commit future. On the local pod's two `tiny` workers that was ~0.25 s a save (bench
 goodput-survive: 3.3 % of the run at a save every 100 steps). The train step donates the state,
 so Orbax cannot read it later from another thread: the loop dispatches a copy of it to host
-memory (`pinned_host`, where the devices have it; a device copy where not) and goes on; a thread
-waits for that copy and hands it to Orbax, whose own transfer is then host to host. The copy is
-not awaited on the loop: it waits for the step that computes the state, still running when the
-loop saves, so awaiting it there held the loop for the rest of that step. The next step donates
-the state the copy reads; the runtime runs the copy first (a donation never changes an array
-already made from the donated one: JAX's value semantics).
+memory (tpupod_job.host_copy, one call for the whole state, never awaited there) and goes on; a
+thread waits for that copy and hands it to Orbax, whose own transfer is then host to host.
 
 Three things make Orbax's save safe off the loop's thread: its barriers go through the
 distributed client, not `sync_global_devices` (a collective program, which must not run beside
@@ -24,33 +20,12 @@ Tests: tests/trainer/test_save_start.py.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from collections.abc import Callable
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-
-
-@functools.cache
-def _has_pinned_host(devices: frozenset) -> bool:
-    """Whether these devices have `pinned_host` memory (asked once per set, not once a save)."""
-    return any(m.kind == "pinned_host" for d in devices for m in d.addressable_memories())
-
-
-def host_copy(tree):
-    """Every jax.Array leaf copied to host memory in its own sharding: dispatched, not awaited
-    (the save's thread awaits it, `jax.block_until_ready`)."""
-
-    def copy(leaf):
-        if not isinstance(leaf, jax.Array):
-            return leaf
-        if _has_pinned_host(frozenset(leaf.sharding.device_set)):
-            return jax.device_put(leaf, leaf.sharding.with_memory_kind("pinned_host"))
-        return leaf.copy()  # a device without host memory kinds: a copy the step cannot donate
-
-    return jax.tree.map(copy, tree)
 
 
 class SaveStarter:

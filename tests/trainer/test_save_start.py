@@ -1,7 +1,8 @@
-"""A periodic save costs the loop the state's copy to host memory only (trainer/save_start.py):
-Orbax's save of that copy starts on a thread while the loop goes on and donates the state it
-saved; the step still restores bitwise equal. A start that fails raises on the loop's thread,
-and Orbax never asks JAX about the preemption sync point."""
+"""A periodic save costs the loop the state's copy to host memory only (trainer/save_start.py;
+the copy itself: tests/bootstrap/test_host_copy.py): Orbax's save of that copy starts on a
+thread while the loop goes on and donates the state it saved; the step still restores bitwise
+equal. A start that fails raises on the loop's thread, and Orbax never asks JAX about the
+preemption sync point."""
 
 from __future__ import annotations
 
@@ -18,61 +19,6 @@ from trainer import save_start
 
 def _donating_step():
     return jax.jit(lambda s: jax.tree.map(lambda x: x * 3 + 1, s), donate_argnums=0)
-
-
-def test_the_host_copy_outlives_the_donated_state():
-    state = {"w": jnp.arange(1024, dtype=jnp.float32), "step": jnp.int32(7)}
-    expected = jax.tree.map(np.array, state)  # copies: a view would keep the buffer
-    copy = save_start.host_copy(state)
-    _donating_step()(state)
-    assert state["w"].is_deleted()  # negative control: the saved arrays themselves are gone
-    with pytest.raises(RuntimeError, match="deleted"):
-        np.asarray(state["w"])
-    for key, value in expected.items():
-        assert np.array_equal(np.asarray(copy[key]), value)
-
-
-def test_the_copy_does_not_wait_for_the_step_still_computing_the_state():
-    """The loop saves the state of a step still running: the copy is dispatched and the loop
-    goes on; the next step donates that state, and the copy still holds the step's values.
-    Control: awaiting the copy takes the rest of the step (so the step was in flight)."""
-    slow = jax.jit(lambda s: {"w": jax.lax.fori_loop(
-        0, 300, lambda i, w: jnp.tanh(w @ w / 512.0), s["w"])})  # fmt: skip
-    start = {"w": jax.random.normal(jax.random.key(0), (512, 512), jnp.float32)}
-    expected = np.array(slow(start)["w"])  # also compiles it
-    t0 = time.perf_counter()
-    state = slow(start)  # in flight
-    copy = save_start.host_copy(state)
-    dispatched = time.perf_counter() - t0
-    _donating_step()(state)  # the next step donates the state the copy reads
-    ready = jax.block_until_ready(copy)
-    done = time.perf_counter() - t0
-    assert state["w"].is_deleted() and done >= 0.2, done  # control: a step that takes a while
-    assert dispatched < done / 3, (dispatched, done)
-    assert np.array_equal(np.asarray(ready["w"]), expected)
-
-
-def test_without_pinned_host_memory_the_device_copy_outlives_it(monkeypatch):
-    """Devices without a `pinned_host` memory kind get a device copy the step cannot donate."""
-    monkeypatch.setattr(save_start, "_has_pinned_host", lambda devices: False)
-    placed: list = []
-    monkeypatch.setattr(save_start.jax, "device_put", lambda *a, **k: placed.append(a))
-    state = {"w": jnp.arange(256, dtype=jnp.float32)}
-    expected = np.array(state["w"])
-    copy = save_start.host_copy(state)
-    _donating_step()(state)
-    assert state["w"].is_deleted() and not placed  # the fallback, not a move to host memory
-    assert copy["w"].sharding.memory_kind == state["w"].sharding.memory_kind
-    assert np.array_equal(np.asarray(copy["w"]), expected)
-
-
-def test_pinned_host_memory_is_looked_up_once_per_device_set():
-    save_start._has_pinned_host.cache_clear()
-    state = {"a": jnp.zeros(4), "b": jnp.ones(4)}
-    for _ in range(3):
-        save_start.host_copy(state)
-    info = save_start._has_pinned_host.cache_info()
-    assert (info.misses, info.hits) == (1, 5)
 
 
 def test_a_failed_start_raises_on_the_loop_thread():

@@ -10,8 +10,9 @@ built-in trainer uses it (trainer/steps.py), and any JAX job may (`tpupod_job.op
     if tier and tier.due(step):
         tier.save(step, state, extra=data_iterator_state_bytes)
 
-Every `every` steps each process copies the shards it holds of the state (any pytree of
-jax.Arrays) off its devices (the only part the loop waits for) and a thread writes them, with
+Every `every` steps each process dispatches a copy of the shards it holds of the state (any
+pytree of jax.Arrays) to host memory (the only part the loop waits for: the dispatch, not the
+step still computing them) and a thread awaits it and writes them, with
 the caller's `extra` bytes (the built-in trainer: its data iterator's state), to
 `$TPUPOD_LOCAL_CHECKPOINT_DIR/<step>/` (a temporary directory renamed once complete, with a
 manifest of sizes and CRC32s). A save still being written when the next comes
@@ -41,6 +42,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from tpupod_job.host_copy import host_copy
+
 ARRAYS, DATA, MANIFEST = "arrays.bin", "data.bin", "manifest.json"
 KEEP = 2  # steps kept on disk: the newest, and the one before while the newest is written
 OFFERED = 8  # newest verified steps each process offers when all agree on one
@@ -49,6 +52,18 @@ OFFERED = 8  # newest verified steps each process offers when all agree on one
 def _key(path, index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
     bounds = ",".join("{}:{}".format(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=True))
     return f"{jax.tree_util.keystr(path)}[{bounds}]"
+
+
+def _shards(paths, copies) -> dict[str, np.ndarray]:
+    """This process's shards of each leaf, read from its host copy (awaited here); a replicated
+    leaf's shards hold one index each once."""
+    shards: dict[str, np.ndarray] = {}
+    for path, leaf in zip(paths, copies, strict=True):
+        for shard in leaf.addressable_shards:
+            key = _key(path, shard.index, leaf.shape)
+            if key not in shards:
+                shards[key] = np.asarray(shard.data)
+    return shards
 
 
 def _crc(path: Path) -> int:
@@ -89,28 +104,25 @@ class LocalTier:
         return self.every > 0 and step % self.every == 0
 
     def save(self, step: int, state, extra: bytes = b"") -> bool:
-        """Copies this process's shards to host memory now; a thread writes them with `extra`.
-        False when the previous save is still being written (this one is skipped)."""
+        """Dispatches the copy of this process's shards to host memory (tpupod_job.host_copy:
+        the loop does not wait for the step still computing them); a thread awaits it and writes
+        the shards with `extra`. False when the previous save is still being written (this one
+        is skipped)."""
         if self._writer is not None and self._writer.is_alive():
             self.skipped += 1
             return False
-        leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-        shards: dict[str, np.ndarray] = {}
-        for path, leaf in leaves:
-            for shard in leaf.addressable_shards:
-                key = _key(path, shard.index, leaf.shape)
-                if key not in shards:  # a replicated leaf: one copy per index is enough
-                    shards[key] = np.asarray(shard.data)
-        self._writer = threading.Thread(target=self._write, args=(step, shards, bytes(extra)),
+        paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0], strict=True)
+        copies = host_copy(list(leaves))
+        self._writer = threading.Thread(target=self._write, args=(step, paths, copies, bytes(extra)),
                                         name="local-checkpoint", daemon=True)  # fmt: skip
         self._writer.start()
         return True
 
-    def _write(self, step: int, shards: dict[str, np.ndarray], data: bytes) -> None:
+    def _write(self, step: int, paths, copies, data: bytes) -> None:
         """On the writer thread. A disk that refuses (full, gone) costs this copy only: one
         warning, and the bucket's tier carries on."""
         try:
-            self._write_step(step, shards, data)
+            self._write_step(step, _shards(paths, copies), data)
         except OSError as err:
             shutil.rmtree(self.root / f"{step}.tmp", ignore_errors=True)
             print(f"warning: local checkpoint step {step} not written ({err}); the bucket's "
