@@ -8,7 +8,9 @@ processes (status.json changes and their start-up events), into:
   restore               `setup` -> status `compiling` (the checkpoint restore; its `restored`
                         event when the sampler missed a short `compiling`)
   compile               `compiling` -> the first `training`
-  checkpoint save       status `saving` (the loop blocked on a save, a save on notice included)
+  checkpoint save       status `saving` (the loop blocked on a save, a save on notice included),
+                        and the loop's time in the local tier's saves, which keep `training`
+                        (the trainer's own count, `local_save_s`: taken from productive)
   lost progress         stepping towards steps a disruption threw away (past the next restore)
   recovery / infra      one trainer's last word -> the next one's process start (detection, slice
                         delete + create, bootstrap, restart)
@@ -84,6 +86,7 @@ def breakdown(record, start: float, end: float, source: str = "job") -> dict[str
         add("startup", proc, setup or compiling or first)
         add("restore", setup, compiling)
         add("compile", compiling or setup, first)
+        productive_before = out["productive"]
         for a, b in zip(stepping, stepping[1:], strict=False):
             if a["state"] in ("saving", "preempted"):
                 add("checkpoint save", a["heartbeat"], b["heartbeat"])
@@ -91,6 +94,11 @@ def breakdown(record, start: float, end: float, source: str = "job") -> dict[str
                 add("lost progress", a["heartbeat"], b["heartbeat"])
             else:
                 add("productive", a["heartbeat"], b["heartbeat"])
+        # the local tier's saves, inside steps sampled as productive: the last count reported
+        local = max((s.get("local_save_s") or 0.0 for s in stepping), default=0.0)
+        moved = min(local, out["productive"] - productive_before)
+        out["productive"] -= moved
+        out["checkpoint save"] += moved
         previous_end = seg[-1]["heartbeat"]
     probes = [x["json"] for x in lines if x.get("json", {}).get("event") == "peak_measured"]
     probe_s = min(sum(p.get("seconds", 0.0) for p in probes), out["productive"])

@@ -21,7 +21,7 @@ STATUS_FILES = {
     "reference-none-status.json": "reference-none",  # ... and no checkpoints
 }
 STATUS_FIELDS = ("pid", "state", "step", "restored_from", "restored_tier", "compile_cache_hit",
-                 "exit_code", "last_checkpoint")  # fmt: skip
+                 "exit_code", "last_checkpoint", "local_save_s")  # fmt: skip
 
 
 def worker_root(pod_dir: Path, index: int) -> Path:

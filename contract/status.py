@@ -48,6 +48,9 @@ class StatusReport:
     # The newest step this process's local tier holds whole (tpupod_job.local_tier): progress a
     # restart on the same VMs keeps, so it ends a crash loop's streak as a bucket commit does.
     local_checkpoint: int | None = None
+    # Seconds this process's loop spent in the local tier's saves since it started (they keep
+    # the state `training`): the goodput breakdown counts them as checkpoint save (bench.badput).
+    local_save_s: float | None = None
     restored_from: int | None = None
     # Where `restored_from` was read: "local" (this VM's own copy: the local tier) or
     # "persistent" (the bucket); None for a fresh start or a writer that does not say.

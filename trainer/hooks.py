@@ -74,7 +74,8 @@ class Reporter:
         run.log.scalars(done_step, values)
         run.hb.update(step=done_step, loss=values["loss"], tokens_per_s=tokens_per_s,
                       last_checkpoint=run.checkpoints.poll(),
-                      local_checkpoint=run.local.saved if run.local else None)  # fmt: skip
+                      local_checkpoint=run.local.saved if run.local else None,
+                      local_save_s=round(run.local.blocked_s, 4) if run.local else None)  # fmt: skip
 
 
 class Saver:

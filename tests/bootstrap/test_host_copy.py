@@ -145,6 +145,7 @@ def test_a_local_save_returns_while_the_step_computes_and_restores_bitwise(tmp_p
     done = time.perf_counter() - t0
     assert state["w"].is_deleted() and done >= 0.2, done
     assert returned < done / 3, (returned, done)
+    assert 0 < tier.blocked_s <= returned  # what the loop paid, as the status reports it
     assert tier.steps() == [4] and tier.verified(4) is not None
     abstract = {"w": jax.ShapeDtypeStruct(expected.shape, expected.dtype,
                                           sharding=state["w"].sharding)}  # fmt: skip

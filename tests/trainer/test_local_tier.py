@@ -113,6 +113,7 @@ def test_a_hang_restores_its_own_copy(spawn, tmp_path, cache, reference):
     status = read_status(tmp_path / "again.status")
     if found["step"] <= STEPS - 4:
         assert status.local_checkpoint is not None and status.local_checkpoint > found["step"]
+        assert status.local_save_s is not None and status.local_save_s > 0  # the loop's time
 
 
 @pytest.mark.slow  # two processes: the steps every process holds are agreed on (allgather)
@@ -160,3 +161,16 @@ def test_a_disk_that_refuses_costs_the_local_copy_only(tmp_path, capsys):
     assert tier.save(6, {"w": jnp.ones(3, jnp.float32)}, b"{}")
     tier.wait()
     assert tier.saved == 6 and tier.steps() == [6] and tier.verified(6) is not None
+
+
+def test_the_status_counts_the_loops_time_in_local_saves(spawn, tmp_path, cache, reference):
+    """The local tier's saves keep the state `training`: the status carries the loop's time in
+    them (`local_save_s`, what the goodput breakdown counts as checkpoint save: bench.badput)."""
+    wd = tmp_path / "wd"
+    run_ok(spawn, [*BASE, "--workdir", wd, "--local-checkpoint-dir", tmp_path / "local",
+                   "--compile-cache", cache, "--status-file", tmp_path / "run.status"],
+           tmp_path, "run", 2)  # fmt: skip
+    status = read_status(tmp_path / "run.status")
+    assert status.state == "done" and status.local_checkpoint is not None
+    assert 0 < status.local_save_s < summary(wd)["train_loop_s"], status
+    assert summary(wd)["params_fingerprint"] == reference

@@ -7,7 +7,6 @@ preemption sync point."""
 from __future__ import annotations
 
 import threading
-import time
 
 import jax
 import jax.numpy as jnp

@@ -36,6 +36,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -87,6 +88,7 @@ class LocalTier:
         self._writer: threading.Thread | None = None
         self.saved: int | None = None  # the newest step written whole
         self.skipped = 0  # saves due while the previous one was still being written
+        self.blocked_s = 0.0  # the caller's time in save(): what the tier costs its loop
 
     @classmethod
     def open(cls, directory: str, every: int, identity: dict) -> LocalTier | None:
@@ -111,11 +113,13 @@ class LocalTier:
         if self._writer is not None and self._writer.is_alive():
             self.skipped += 1
             return False
+        t0 = time.perf_counter()
         paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0], strict=True)
         copies = host_copy(list(leaves))
         self._writer = threading.Thread(target=self._write, args=(step, paths, copies, bytes(extra)),
                                         name="local-checkpoint", daemon=True)  # fmt: skip
         self._writer.start()
+        self.blocked_s += time.perf_counter() - t0
         return True
 
     def _write(self, step: int, paths, copies, data: bytes) -> None:
