@@ -6,9 +6,8 @@ count, the config fields that fix parameter shapes). Orbax writes each step into
 directory and renames it only once every process has finished, so a step cut off mid-write is
 never listed, never restored. Process 0 writes the step's manifest of sizes and CRC32Cs
 (trainer/manifest.py), which a restore checks first, after every item has finished and before
-Orbax's commit (Orbax's post-finalization hook): a step Orbax lists always has its manifest, so
-a kill or a stop can no longer fall between the two and leave a committed step unverifiable.
-"""
+Orbax's commit (Orbax's post-finalization hook): a step Orbax lists always has its manifest,
+so no kill or stop between the two can leave a committed step unverifiable."""
 
 from __future__ import annotations
 
