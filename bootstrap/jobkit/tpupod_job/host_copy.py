@@ -37,13 +37,18 @@ def _host(sharding):
     return sharding
 
 
+def to_host(single: list[jax.Array]) -> list[jax.Array]:
+    """Copies of single-device arrays (shards' `data`), each in its device's host memory, all
+    dispatched in one call; the local tier writes these as they are."""
+    return jax.device_put(single, [_host(a.sharding) for a in single], may_alias=False)
+
+
 def host_copy(tree):
     """`tree` with every jax.Array leaf replaced by its copy (dispatched, not awaited: whoever
     reads it awaits it, `jax.block_until_ready` or `np.asarray`); other leaves as they are."""
     leaves, treedef = jax.tree.flatten(tree)
     where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
-    shards = [s.data for i in where for s in leaves[i].addressable_shards]
-    copies = iter(jax.device_put(shards, [_host(s.sharding) for s in shards], may_alias=False))
+    copies = iter(to_host([s.data for i in where for s in leaves[i].addressable_shards]))
     for i in where:
         leaf = leaves[i]
         mine = [next(copies) for _ in leaf.addressable_shards]

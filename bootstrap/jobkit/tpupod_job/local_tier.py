@@ -43,7 +43,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from tpupod_job.host_copy import host_copy
+from tpupod_job.host_copy import to_host
 
 ARRAYS, DATA, MANIFEST = "arrays.bin", "data.bin", "manifest.json"
 KEEP = 2  # steps kept on disk: the newest, and the one before while the newest is written
@@ -55,16 +55,9 @@ def _key(path, index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
     return f"{jax.tree_util.keystr(path)}[{bounds}]"
 
 
-def _shards(paths, copies) -> dict[str, np.ndarray]:
-    """This process's shards of each leaf, read from its host copy (awaited here); a replicated
-    leaf's shards hold one index each once."""
-    shards: dict[str, np.ndarray] = {}
-    for path, leaf in zip(paths, copies, strict=True):
-        for shard in leaf.addressable_shards:
-            key = _key(path, shard.index, leaf.shape)
-            if key not in shards:
-                shards[key] = np.asarray(shard.data)
-    return shards
+def _shards(pieces) -> dict[str, np.ndarray]:
+    """This process's shards, `(key, copy)` each, read from their host copies (awaited here)."""
+    return {key: np.asarray(copy) for key, copy in pieces}
 
 
 def _crc(path: Path) -> int:
@@ -115,18 +108,22 @@ class LocalTier:
             return False
         t0 = time.perf_counter()
         paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0], strict=True)
-        copies = host_copy(list(leaves))
-        self._writer = threading.Thread(target=self._write, args=(step, paths, copies, bytes(extra)),
+        wanted: dict[str, jax.Array] = {}  # key -> shard data: a replicated index once
+        for path, leaf in zip(paths, leaves, strict=True):
+            for shard in leaf.addressable_shards:
+                wanted.setdefault(_key(path, shard.index, leaf.shape), shard.data)
+        pieces = list(zip(wanted, to_host(list(wanted.values())), strict=True))
+        self._writer = threading.Thread(target=self._write, args=(step, pieces, bytes(extra)),
                                         name="local-checkpoint", daemon=True)  # fmt: skip
         self._writer.start()
         self.blocked_s += time.perf_counter() - t0
         return True
 
-    def _write(self, step: int, paths, copies, data: bytes) -> None:
+    def _write(self, step: int, pieces, data: bytes) -> None:
         """On the writer thread. A disk that refuses (full, gone) costs this copy only: one
         warning, and the bucket's tier carries on."""
         try:
-            self._write_step(step, _shards(paths, copies), data)
+            self._write_step(step, _shards(pieces), data)
         except OSError as err:
             shutil.rmtree(self.root / f"{step}.tmp", ignore_errors=True)
             print(f"warning: local checkpoint step {step} not written ({err}); the bucket's "
