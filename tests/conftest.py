@@ -18,7 +18,19 @@ import sys
 
 import pytest
 
-from localpod.env_seed import SEED_VAR
+# The GCS emulator speaks JSON over HTTP, no gRPC: this process's gcsfs takes the plain client, as
+# the local pod's workers and the trainers the tests start do (the variable is read at import).
+assert "gcsfs" not in sys.modules, "gcsfs imported before the suite could choose its client"
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+from localpod.env_seed import SEED_VAR  # noqa: E402
+
+# --import-mode=importlib puts no test directory on sys.path; the guard lives beside us.
+sys.path.insert(0, os.path.dirname(__file__))
+import loopback_only  # noqa: E402
+from loopback_only import _loopback_only  # noqa: E402, F401 - autouse: guards every test
+
+loopback_only.install()
 
 # The test modules whose local pods boot tpupod's own startup script (uv, the environment from the
 # bucket, the trainer or a job): the heavy ones, and the ones that share the session's seeded

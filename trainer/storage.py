@@ -10,6 +10,8 @@ import os
 import threading
 
 import fsspec
+import fsspec.asyn
+import fsspec.exceptions
 
 from trainer.config import BadInput
 
@@ -89,8 +91,35 @@ class _LastRetry(logging.Handler):
             self.cause = message.split("exception:", 1)[1].strip().splitlines()[0][:200]
 
 
-def _probe(uri: str, process_id: int, result: dict) -> None:
+async def _probe_async(f, probe: str) -> None:
+    await f._pipe_file(probe, b"ok")
+    await f._rm(probe)
+
+
+def _probe(uri: str, process_id: int, timeout: float) -> str | None:
+    """Writes and removes one object; returns the error's first line, or raises TimeoutError.
+    On an async filesystem (gcsfs) the attempt is cancelled at the deadline: a thread left
+    retrying would go on reading STORAGE_EMULATOR_HOST at every try, long after its caller."""
     probe = join(uri, f".probe-{process_id}")
+    try:
+        f = fs(uri)
+        if getattr(f, "async_impl", False):
+            fsspec.asyn.sync(f.loop, _probe_async, f, probe, timeout=timeout)
+            return None
+        result: dict = {}
+        worker = threading.Thread(target=_probe_sync, args=(uri, probe, result), daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise TimeoutError
+        return result.get("error")
+    except (TimeoutError, fsspec.exceptions.FSTimeoutError):
+        raise TimeoutError from None
+    except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
+        return _first_line(e)
+
+
+def _probe_sync(uri: str, probe: str, result: dict) -> None:
     try:
         if not is_remote(uri):
             os.makedirs(uri, exist_ok=True)
@@ -109,20 +138,17 @@ def check_writable(uri: str, process_id: int, timeout: float = PROBE_TIMEOUT_S) 
     log.addHandler(retries)
     log.setLevel(logging.DEBUG)
     log.propagate = False
-    result: dict = {}
     try:
-        worker = threading.Thread(target=_probe, args=(uri, process_id, result), daemon=True)
-        worker.start()
-        worker.join(timeout)
-    finally:
-        log.removeHandler(retries)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
-    if worker.is_alive():
+        error = _probe(uri, process_id, timeout)
+    except TimeoutError:
         endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
         bucket = uri.split("://", 1)[1].split("/", 1)[0]
         cause = retries.cause or "no answer"
         raise Unreachable(f"workdir {uri}: bucket {bucket} unreachable at {endpoint} for "
-                          f"{timeout:.0f} s ({cause}); check the network path to storage")  # fmt: skip
-    if "error" in result:
-        raise BadInput(f"workdir {uri} is not writable: {result['error']}")
+                          f"{timeout:.0f} s ({cause}); check the network path to storage") from None  # fmt: skip
+    finally:
+        log.removeHandler(retries)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+    if error:
+        raise BadInput(f"workdir {uri} is not writable: {error}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import fsspec.config
 import gcsfs
 import pytest
 
@@ -42,6 +43,9 @@ def gcs_emulator(monkeypatch):
         env = gcs_env(int(url.rsplit(":", 1)[1]))
         for key, value in env.items():
             monkeypatch.setenv(key, value)
+        # fsspec reads FSSPEC_GCS_TOKEN once, at its import: set here, this process's gcsfs would
+        # still look for Google credentials, asking the GCE metadata server at 169.254.169.254.
+        monkeypatch.setitem(fsspec.config.conf, "gcs", {"token": env["FSSPEC_GCS_TOKEN"]})
         # fsspec keeps one GCSFileSystem per constructor arguments, made with the environment
         # of its day: an earlier test's (another emulator, or none: storage.googleapis.com).
         gcsfs.GCSFileSystem.clear_instance_cache()

@@ -1,0 +1,84 @@
+"""The suite reaches loopback only (the developers' guide: never any other address), enforced.
+
+In every test process, a name lookup or a connect to anything but loopback is refused the way a
+machine without that network refuses it (gaierror, ConnectionRefusedError), and recorded with the
+thread that tried and what it was running; the test during which it happened then errors. A thread
+a test left behind is caught too: it is charged to the test running when it tried."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import traceback
+
+import pytest
+
+LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", ""}
+_real_getaddrinfo = socket.getaddrinfo
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+attempts: list[str] = []
+
+
+def _is_loopback_host(host) -> bool:
+    if host is None:
+        return True
+    host = host.decode() if isinstance(host, bytes) else str(host)
+    host = host.strip("[]").split("%", 1)[0]
+    if host in LOCAL_NAMES or host.endswith(".localhost") or host == socket.gethostname():
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
+def _record(what: str) -> None:
+    stack = "".join(traceback.format_stack(limit=40)[:-2])
+    attempts.append(f"{what} (thread {threading.current_thread().name})\n{stack}")
+
+
+def _getaddrinfo(host, *args, **kwargs):
+    if not _is_loopback_host(host):
+        _record(f"lookup of {host!r}")
+        raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
+    return _real_getaddrinfo(host, *args, **kwargs)
+
+
+def _refused(sock: socket.socket, address) -> bool:
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or not isinstance(address, tuple):
+        return False
+    if _is_loopback_host(address[0]):
+        return False
+    _record(f"connect to {address!r}")
+    return True
+
+
+def _connect(self, address):
+    if _refused(self, address):
+        raise ConnectionRefusedError(f"tests reach loopback only: {address!r} refused")
+    return _real_connect(self, address)
+
+
+def _connect_ex(self, address):
+    if _refused(self, address):
+        return 111  # ECONNREFUSED
+    return _real_connect_ex(self, address)
+
+
+def install() -> None:
+    socket.getaddrinfo = _getaddrinfo
+    socket.socket.connect = _connect
+    socket.socket.connect_ex = _connect_ex
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only():
+    before = len(attempts)
+    yield
+    tried = attempts[before:]
+    if tried:
+        pytest.fail(f"{len(tried)} attempt(s) to reach beyond loopback during this test; the "
+                    f"first:\n{tried[0]}", pytrace=False)  # fmt: skip
