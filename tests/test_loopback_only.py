@@ -39,4 +39,3 @@ def test_loopback_goes_through():
         with socket.create_connection(("localhost", server.getsockname()[1]), timeout=5):
             pass
     assert _take_attempts(before) == []
-

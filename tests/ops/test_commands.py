@@ -55,7 +55,11 @@ def test_spec_file_errors_and_missing_credentials_are_one_line(capsys, monkeypat
     spec.write_text(json.dumps({"parent": "projects/p/locations/z", "node_id": "n", "node": {}}))
     for name in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_GCE_CHECK", "True")  # no metadata server here: do not wait for one
+    # No metadata server here: do not ask 169.254.169.254 for one. google-auth reads NO_GCE_CHECK
+    # (lowercase "true") once, at import, so the variable alone would come too late.
+    from google.auth.compute_engine import _metadata
+
+    monkeypatch.setattr(_metadata, "_NO_GCE_CHECK", True)
     monkeypatch.setenv("HOME", str(tmp_path))  # no gcloud application-default credentials
     assert main(["status", "--stack", "v4-32", "--spec", str(spec)]) == 2
     err = capsys.readouterr().err.strip()
