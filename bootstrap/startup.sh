@@ -9,7 +9,8 @@
 #   uv            install a pinned uv if absent (its hash-pinned wheel from the bucket, else from
 #                 PyPI); let uv provide Python >= 3.11
 #   sync          uv sync --locked for this worker's group, from the bucket's archive of this
-#                 environment when one is published (bootstrap/envcache.py), else from the index
+#                 environment when one is published (bootstrap/envcache.py), else from the index;
+#                 environments live in the VM's memory when it has room (env_home below)
 #   job-python    the job's own environment (`python: uv` or `requirements`), the same way, built
 #                 once per lock or requirements; `python: none` runs in the bundle's environment
 #   clear-stale   stop a job left on older code, clear libtpu locks
@@ -32,6 +33,14 @@ export TPUPOD_UV_VERSION=0.13.9
 export TPUPOD_PYTHON="${TPUPOD_PYTHON:-3.11}"
 export BOOTSTRAP_JSON="$TPUPOD_ROOT/bootstrap.json"
 export BOOTSTRAP_LOG="$TPUPOD_ROOT/bootstrap.log"
+# Environments (the bundle's venv, a job's own, the uv caches they are linked from) live in the
+# VM's memory, a tmpfs, when it has TPUPOD_RAM_MIN_FREE_MB free and allows executables: a cold
+# worker unpacks 0.7-1.2 GB of files into them, the slowest step of a recreate on a disk (~7 s of
+# an 8 s sync on the local pod's), ~1 s in memory. Memory empties with the VM, as a recreate's
+# new disk starts empty; a restart on the same VM keeps it. Else, and with TPUPOD_ENV_IN_RAM=0,
+# they live on the disk under $TPUPOD_ROOT.
+export TPUPOD_RAM_DIR="${TPUPOD_RAM_DIR:-/dev/shm/tpupod}"
+export TPUPOD_RAM_MIN_FREE_MB="${TPUPOD_RAM_MIN_FREE_MB:-4096}"
 # Per-run scratch: phase outputs and the metadata handed from phase 1 to the others.
 export BOOTSTRAP_STATE="$TPUPOD_ROOT/.bootstrap"
 # The bundle's own environment is .venv; never one inherited from whoever started us.
@@ -256,8 +265,9 @@ publish_env() {
 # own: restored from the bucket and used offline when a worker published one, else filled from
 # the package index and published. A refused or incomplete archive is built again, in one line.
 env_from_bucket() {
-  local key=$1 cache="$UV_CACHE_DIR/env-$1" found=0
+  local key=$1 cache="$TPUPOD_ENV_HOME/uv/env-$1" found=0
   shift
+  echo "$key" >>"$BOOTSTRAP_STATE/env-keys"
   if [ ! -f "$cache/.tpupod-complete" ]; then
     envcache restore "$key" "$cache" || found=$?
   fi
@@ -341,15 +351,33 @@ phase_bundle() {
   echo "bundle extracted to $dest"
 }
 
+# env_home: where this boot keeps environments (see TPUPOD_RAM_DIR above), decided once a boot.
+env_home() {
+  local avail options
+  if [ "${TPUPOD_ENV_IN_RAM:-1}" != 0 ] && mkdir -p "$TPUPOD_RAM_DIR" 2>/dev/null &&
+    options=$(findmnt -no OPTIONS --target "$TPUPOD_RAM_DIR" 2>/dev/null) &&
+    [[ ",$options," != *,noexec,* ]] &&
+    avail=$(df -Pk "$TPUPOD_RAM_DIR" | awk 'NR == 2 { print int($4 / 1024) }') &&
+    [ "$avail" -ge "$TPUPOD_RAM_MIN_FREE_MB" ]; then
+    echo "$TPUPOD_RAM_DIR"
+  else
+    echo "$TPUPOD_ROOT"
+  fi
+}
+
 phase_sync() {
-  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256" key
+  local dir="$TPUPOD_ROOT/bundles/$MD_BUNDLE_SHA256" key venv
   local args=(sync --locked --no-install-project --no-default-groups)
   [ -z "$MD_UV_GROUP" ] || args+=(--group "$MD_UV_GROUP")
-  mkdir -p "$UV_CACHE_DIR"
+  # The venv lives with the environments and the bundle links to it (.venv: what jobctl runs).
+  venv="$TPUPOD_ENV_HOME/venvs/$MD_BUNDLE_SHA256"
+  if [ -d "$dir/.venv" ] && [ ! -L "$dir/.venv" ]; then venv="$dir/.venv"; fi
+  mkdir -p "$UV_CACHE_DIR" "$TPUPOD_ENV_HOME/uv" "$TPUPOD_ENV_HOME/venvs"
   cd "$dir"
   key=$(envcache key "bundle:$MD_UV_GROUP" --python "$(uv python find)" pyproject.toml uv.lock)
-  echo "uv ${args[*]} in $dir (environment $key)"
-  env_from_bucket "$key" uv "${args[@]}"
+  echo "uv ${args[*]} in $dir (environment $key, in $TPUPOD_ENV_HOME)"
+  UV_PROJECT_ENVIRONMENT="$venv" env_from_bucket "$key" uv "${args[@]}"
+  [ "$venv" = "$dir/.venv" ] || ln -sfn "$venv" "$dir/.venv"
   echo "environment ready: $dir/.venv"
 }
 
@@ -372,7 +400,7 @@ phase_job_python() {
   requirements) hash=$(sha256sum <"$dir/job/requirements.txt" | cut -c1-16) ;;
   *) die "tpupod-job: unknown python mode ${mode:-(none given)}" ;;
   esac
-  env="$TPUPOD_ROOT/envs/$mode-$hash"
+  env="$TPUPOD_ENV_HOME/envs/$mode-$hash"
   if [ -f "$env/.tpupod-env" ]; then
     echo "python: $mode environment $env already built"
   else
@@ -380,7 +408,7 @@ phase_job_python() {
     # them); the marker, written last, is what says it is complete. Its packages come from the
     # bucket's archive of this environment once a worker published one.
     rm -rf "$env"
-    mkdir -p "$TPUPOD_ROOT/envs" "$UV_CACHE_DIR"
+    mkdir -p "$TPUPOD_ENV_HOME/envs" "$UV_CACHE_DIR"
     cd "$dir/job"
     if [ "$mode" = uv ]; then # the job's own lock; the project itself runs from job/
       key=$(envcache key job:uv --python "$(uv python find)" pyproject.toml uv.lock)
@@ -414,10 +442,22 @@ phase_clear_stale() {
     kept=$((kept + 1))
     if [ "$kept" -gt 2 ]; then
       echo "removing old bundle ${dir##*/}"
+      # its venv, kept with the environments (phase_sync), goes with it
+      if [ -L "$dir/.venv" ]; then rm -rf "$(readlink "$dir/.venv")"; fi
       rm -rf "$dir"
     fi
   done < <(find "$TPUPOD_ROOT/bundles" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' \
     -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)
+  # The uv caches of environments this boot did not install from: the kept venvs are hard links
+  # into them and keep their files; what they alone hold (in memory, maybe) is freed.
+  local cache
+  for cache in "$TPUPOD_ENV_HOME"/uv/env-*; do
+    [ -d "$cache" ] || continue
+    if ! grep -qxF "${cache##*/env-}" "$BOOTSTRAP_STATE/env-keys" 2>/dev/null; then
+      echo "removing the uv cache of environment ${cache##*/env-} (not installed from by this boot)"
+      rm -rf "$cache"
+    fi
+  done
   echo "no job running, locks clear"
 }
 
@@ -579,6 +619,10 @@ main() {
   . "$BOOTSTRAP_STATE/metadata.sh"
   export PATH="$TPUPOD_ROOT/bin:$PATH"
 
+  rm -f "$BOOTSTRAP_STATE/env-keys"
+  TPUPOD_ENV_HOME=$(env_home)
+  export TPUPOD_ENV_HOME
+  log start "environments in $TPUPOD_ENV_HOME"
   phase bundle 600 phase_bundle
   phase uv 300 phase_uv
   phase sync 1800 phase_sync

@@ -55,6 +55,7 @@ from localpod.state import (
     read_json,
     write_json,
 )
+from localpod.vm import memory
 from localpod.vm.environment import accelerator_type, pod_metadata
 from localpod.vm.metadata_server import CLOUD_PLATFORM, PROJECT_ID, ZONES
 
@@ -367,6 +368,7 @@ class LocalPod(TpuAnswers):
                 self._controller.wait(timeout=5)
             self._controller = None
         self.paths.pod.unlink(missing_ok=True)
+        memory.release(self.paths.root)  # the workers' /dev/shm: nothing runs to use it now
         return bool(pod or running)
 
     def _kill_leftovers(self, pod: dict) -> None:

@@ -66,6 +66,7 @@ def worker_env(
     metadata_host: str,
     emulator_url: str,
     devices_per_worker: int,
+    memory_dir: Path,
     secretmanager_url: str | None = None,
 ) -> dict[str, str]:
     path = f"{image}:{SYSTEM_PATH}"
@@ -95,6 +96,8 @@ def worker_env(
             # The worker's own disk, empty at every create, as a new boot disk is.
             "UV_CACHE_DIR": str(tpupod_root.parent / "cache" / "uv"),
             "UV_PYTHON_INSTALL_DIR": str(tpupod_root.parent / "python"),
+            # Its memory (/dev/shm on GCP), empty at every create and reboot (localpod.vm.memory).
+            "TPUPOD_RAM_DIR": str(memory_dir),
         }
     )
     if secretmanager_url:  # the pod's Secret Manager (localpod.gcp.secret_manager)

@@ -21,7 +21,7 @@ from functools import partial
 from contract import metadata
 from localpod import procs
 from localpod.state import PodError, PodPaths, SliceState, check_transition
-from localpod.vm import worker_vm
+from localpod.vm import memory, worker_vm
 from localpod.vm.environment import accelerator_type, worker_attributes
 from localpod.vm.metadata_server import MetadataStore
 from localpod.vm.worker_vm import Instance
@@ -264,6 +264,7 @@ class Slice:
         self._stop_agents(grace=DELETE_GRACE_S)
         time.sleep(seconds)
         for index in range(len(self.layout["addresses"])):
+            memory.empty(self.paths.root, index)  # a reboot keeps the disk, not the memory
             popen = worker_vm.start_agent(self.paths, index)
             with self._lock:
                 self._agents[index] = Agent(index, popen)

@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncssh
 
 from localpod.state import PodPaths, write_json
-from localpod.vm import trash
+from localpod.vm import memory, trash
 from localpod.vm.environment import image_bin, registry_unreachable_env, worker_env
 
 
@@ -43,6 +43,7 @@ def boot(
     """A fresh disk (wiped worker dir), host key and authorized_keys, then the agent."""
     worker_dir = paths.worker(index)
     trash.move_to_trash(paths.root, worker_dir)  # deleted later, while every job trains
+    memory_dir = memory.empty(paths.root, index)  # a new VM's memory holds nothing either
     host_key = write_ed25519_key(paths.host_key(index), comment=f"root@{hostname}")
     home = paths.home(index)
     (home / ".ssh").mkdir(parents=True)
@@ -65,6 +66,7 @@ def boot(
             metadata_host=f"{address}:{layout['metadata_port']}",
             emulator_url=f"http://{address}:{layout['emulator_port']}",  # its own URL
             devices_per_worker=layout["devices_per_worker"],
+            memory_dir=memory_dir,
             secretmanager_url=layout.get("secretmanager_url"),
         ),
     }

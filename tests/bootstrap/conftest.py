@@ -115,6 +115,11 @@ class Slice:
         for obj in storage.list_objects(self.storage_url, BUCKET, env_seed.PREFIX):
             storage.delete(self.storage_url, BUCKET, obj["name"])
 
+    def memory(self, index: int) -> Path:
+        """Worker `index`'s TPUPOD_RAM_DIR (the VM's tmpfs; here on the test's disk): a new VM's
+        is empty, as its disk is."""
+        return self.tmp / f"memory-{index}"
+
     def env(self, index: int) -> dict[str, str]:
         """The local pod's worker environment (cold: its own uv cache, on its own disk), a
         lockfile of the worker's own."""
@@ -125,6 +130,7 @@ class Slice:
             metadata_host=f"{self.addresses[index]}:{self.metadata_port}",
             emulator_url=self.storage_url,
             devices_per_worker=1,
+            memory_dir=self.memory(index),
         )
         env.update(
             TPUPOD_ROOT=str(self.root(index)),

@@ -27,11 +27,12 @@ from tests.bootstrap.test_rerun_rules import STANDIN
 
 
 def boot_on_a_new_disk(single) -> list[str]:
-    """Stop the job, drop the worker's whole $TPUPOD_ROOT (its uv cache too), boot: the sync
-    phase's lines."""
+    """Stop the job, drop the worker's whole $TPUPOD_ROOT and its memory (where its environments
+    and their uv caches live), boot: the sync phase's lines."""
     if (single.root(0) / "current").exists():
         single.jobctl(0, "stop", check=False)
     shutil.rmtree(single.root(0), ignore_errors=True)
+    shutil.rmtree(single.memory(0), ignore_errors=True)
     (result,) = single.boot()
     assert result.returncode == 0, result.output[-3000:]
     log = (single.root(0) / "bootstrap.log").read_text().splitlines()

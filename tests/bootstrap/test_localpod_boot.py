@@ -30,6 +30,7 @@ from localpod import procs
 from localpod.gcp import storage, tokens
 from localpod.gcp.identities import operator_token
 from localpod.pod import LocalPod, WorkerInfo
+from localpod.vm import memory
 from localpod.vm.metadata_server import MetadataServer, MetadataStore
 from ops.cloud.target import local_target
 
@@ -128,6 +129,7 @@ def local_pod(tmp_path_factory):
         yield pod
     finally:
         pod.down()
+    assert not memory.pod_memory(pod.paths.root).exists()  # the workers' /dev/shm went with it
 
 
 @contextlib.contextmanager
@@ -201,6 +203,10 @@ def test_local_pod_boots_both_workers_to_training(local_pod):
         assert env["JAX_COORDINATOR_ADDRESS"].startswith(local_pod.describe().workers[0].host + ":")
         assert env["TPUPOD_RUN_ID"] == local_pod.run_id
         assert len(trainer_processes(root)) == 1
+        # The environment lives in the worker's memory (a tmpfs), the bundle links to it.
+        in_memory = memory.worker_memory(local_pod.paths.root, i)
+        assert (root / "current" / ".venv").resolve().is_relative_to(in_memory)
+        assert f"environments in {in_memory}" in (root / "bootstrap.log").read_text()
         # A new bucket holds no bytecode yet: the first job publishes it.
         assert bytecode_marker(root)["found"] is False
         phases = " ".join(f"{p['name']}={p['seconds']:.1f}s" for p in boot["phases"])

@@ -14,6 +14,7 @@ import pytest
 from demo.reference import pod_provider
 from localpod.pod import LocalPod
 from localpod.state import SliceState as PodState
+from localpod.vm import memory
 from ops.watch import Watcher
 from ops.watch.incident import IncidentStore
 from ops.watch.journal import Journal
@@ -42,6 +43,8 @@ def test_an_on_demand_node_under_maintenance_is_waited_for_not_restarted(
         assert time.monotonic() < deadline, "the stand-in startup script never ran"
         time.sleep(0.1)
     first_boot = booted.stat().st_mtime
+    held = memory.worker_memory(pod.paths.root, 0) / "held-in-memory"  # /dev/shm on a TPU VM
+    held.write_text("lost at a reboot")
     provider = pod_provider(pod.paths.root)
     watcher = Watcher(provider, Journal(tmp_path / "journal.jsonl"), CONFIG,
                       store=IncidentStore(tmp_path / "incident.json"))  # fmt: skip
@@ -70,6 +73,7 @@ def test_an_on_demand_node_under_maintenance_is_waited_for_not_restarted(
         time.sleep(CONFIG.poll)
     watcher.close()
     assert events == {"TERMINATE_ON_HOST_MAINTENANCE"}
+    assert booted.exists() and not held.exists()  # the reboot kept the disk, not the memory
     assert maintenance_event(pod) == "NONE"
     names = [e["event"] for e in watcher.journal.events]
     assert watcher.state.incident is None and watcher.state.failures == 0, names

@@ -1,0 +1,53 @@
+"""Where a boot keeps its environments (startup.sh's env_home): the VM's memory when it is a
+filesystem that runs executables and has room, else the disk under $TPUPOD_ROOT, and never
+memory when the operator says so. The function itself, run by bash from the script's text."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra.bundle_archive import PROJECT_ROOT
+
+
+def env_home(tmp_path: Path, **env: str) -> str:
+    script = (PROJECT_ROOT / "bootstrap" / "startup.sh").read_text()
+    (function,) = re.findall(r"^env_home\(\) \{\n.*?^\}\n", script, re.S | re.M)
+    base = {"PATH": "/usr/bin:/bin", "TPUPOD_ROOT": str(tmp_path / "root"),
+            "TPUPOD_RAM_DIR": str(tmp_path / "ram"), "TPUPOD_RAM_MIN_FREE_MB": "1"}  # fmt: skip
+    done = subprocess.run(["bash", "-c", f"set -euo pipefail\n{function}env_home"],
+                          env={**base, **env}, capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_memory_when_it_has_room(tmp_path: Path) -> None:
+    assert env_home(tmp_path) == str(tmp_path / "ram")
+    assert (tmp_path / "ram").is_dir()
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"TPUPOD_ENV_IN_RAM": "0"},  # the operator's choice
+        {"TPUPOD_RAM_MIN_FREE_MB": str(1 << 40)},  # no room
+        {"TPUPOD_RAM_DIR": "/proc/1/no-such-dir"},  # cannot be made
+    ],
+    ids=["off", "no-room", "not-writable"],
+)
+def test_the_disk_otherwise(tmp_path: Path, env: dict) -> None:
+    assert env_home(tmp_path, **env) == str(tmp_path / "root")
+
+
+def test_a_filesystem_that_runs_no_executables_is_not_used(tmp_path: Path) -> None:
+    """A venv's extension modules are mapped executable: a noexec tmpfs would fail every import.
+    (findmnt stands in for a noexec mount: this machine's /dev/shm allows executables.)"""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "findmnt").write_text("#!/bin/sh\necho rw,nosuid,nodev,noexec,relatime\n")
+    (bin_dir / "findmnt").chmod(0o755)
+    assert env_home(tmp_path, PATH=f"{bin_dir}:/usr/bin:/bin") == str(tmp_path / "root")
+    (bin_dir / "findmnt").write_text("#!/bin/sh\necho rw,nosuid,nodev,relatime\n")
+    assert env_home(tmp_path, PATH=f"{bin_dir}:/usr/bin:/bin") == str(tmp_path / "ram")

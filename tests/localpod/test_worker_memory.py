@@ -1,0 +1,37 @@
+"""Each local worker's memory (localpod.vm.memory): a tmpfs directory of its own, per pod, empty
+at every boot, gone at `down`; what a boot empties is deleted beside it, not before it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from localpod.vm import memory
+
+
+def test_each_pod_and_worker_has_its_own_tmpfs_directory(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert memory.pod_memory(a) != memory.pod_memory(b)
+    assert memory.worker_memory(a, 0) != memory.worker_memory(a, 1)
+    if memory.SHM.is_dir():
+        assert memory.pod_memory(a).parent == memory.SHM
+
+
+def test_a_boot_finds_its_memory_empty_and_down_releases_it(tmp_path: Path) -> None:
+    root = tmp_path / "pod"
+    try:
+        first = memory.empty(root, 0)
+        (first / "venv").mkdir()
+        (first / "venv" / "lib.so").write_bytes(b"x" * 1000)
+        other = memory.empty(root, 1)
+        (other / "kept").write_text("worker 1 did not boot again")
+        again = memory.empty(root, 0)
+        assert again == first and list(again.iterdir()) == []
+        assert (other / "kept").exists()
+        deadline = time.monotonic() + 10  # the old contents go in the background
+        while any(p.name.startswith(".gone-") for p in memory.pod_memory(root).iterdir()):
+            assert time.monotonic() < deadline, list(memory.pod_memory(root).iterdir())
+            time.sleep(0.05)
+    finally:
+        memory.release(root)
+    assert not memory.pod_memory(root).exists()
