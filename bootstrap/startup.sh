@@ -352,9 +352,14 @@ phase_bundle() {
 }
 
 # env_home: where this boot keeps environments (see TPUPOD_RAM_DIR above), decided once a boot.
+# /dev/shm is writable by every user: a directory there that is a link, or that is not ours alone
+# to write, could have been planted to swap the job's code; the disk is used instead.
 env_home() {
   local avail options
-  if [ "${TPUPOD_ENV_IN_RAM:-1}" != 0 ] && mkdir -p "$TPUPOD_RAM_DIR" 2>/dev/null &&
+  # shellcheck disable=SC2174 # the mode is for the directory itself; /dev/shm's is the system's
+  if [ "${TPUPOD_ENV_IN_RAM:-1}" != 0 ] && [ ! -L "$TPUPOD_RAM_DIR" ] &&
+    mkdir -p -m 0755 "$TPUPOD_RAM_DIR" 2>/dev/null && [ -O "$TPUPOD_RAM_DIR" ] &&
+    [ -z "$(find "$TPUPOD_RAM_DIR" -maxdepth 0 -perm /022 2>/dev/null)" ] &&
     options=$(findmnt -no OPTIONS --target "$TPUPOD_RAM_DIR" 2>/dev/null) &&
     [[ ",$options," != *,noexec,* ]] &&
     avail=$(df -Pk "$TPUPOD_RAM_DIR" | awk 'NR == 2 { print int($4 / 1024) }') &&

@@ -41,6 +41,20 @@ def test_the_disk_otherwise(tmp_path: Path, env: dict) -> None:
     assert env_home(tmp_path, **env) == str(tmp_path / "root")
 
 
+def test_a_directory_someone_else_could_write_or_a_link_is_not_used(tmp_path: Path) -> None:
+    """/dev/shm is every user's: a planted directory must not receive the job's code."""
+    planted = tmp_path / "ram"
+    planted.mkdir()
+    planted.chmod(0o777)
+    assert env_home(tmp_path) == str(tmp_path / "root")
+    planted.chmod(0o755)
+    assert env_home(tmp_path) == str(planted)
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    assert env_home(tmp_path, TPUPOD_RAM_DIR=str(link)) == str(tmp_path / "root")
+
+
 def test_a_filesystem_that_runs_no_executables_is_not_used(tmp_path: Path) -> None:
     """A venv's extension modules are mapped executable: a noexec tmpfs would fail every import.
     (findmnt stands in for a noexec mount: this machine's /dev/shm allows executables.)"""
