@@ -41,6 +41,9 @@ export BOOTSTRAP_LOG="$TPUPOD_ROOT/bootstrap.log"
 # they live on the disk under $TPUPOD_ROOT.
 export TPUPOD_RAM_DIR="${TPUPOD_RAM_DIR:-/dev/shm/tpupod}"
 export TPUPOD_RAM_MIN_FREE_MB="${TPUPOD_RAM_MIN_FREE_MB:-4096}"
+# main decides (env_home); the watcher VM, which sources this script's phases and never runs its
+# main, keeps its environment on its disk: its service starts from it at boot.
+export TPUPOD_ENV_HOME="${TPUPOD_ENV_HOME:-$TPUPOD_ROOT}"
 # Per-run scratch: phase outputs and the metadata handed from phase 1 to the others.
 export BOOTSTRAP_STATE="$TPUPOD_ROOT/.bootstrap"
 # The bundle's own environment is .venv; never one inherited from whoever started us.
@@ -382,6 +385,7 @@ phase_sync() {
   key=$(envcache key "bundle:$MD_UV_GROUP" --python "$(uv python find)" pyproject.toml uv.lock)
   echo "uv ${args[*]} in $dir (environment $key, in $TPUPOD_ENV_HOME)"
   UV_PROJECT_ENVIRONMENT="$venv" env_from_bucket "$key" uv "${args[@]}"
+  echo "$key" >"$venv/.tpupod-env-key" # its uv cache is kept while it is (prune_environments)
   [ "$venv" = "$dir/.venv" ] || ln -sfn "$venv" "$dir/.venv"
   echo "environment ready: $dir/.venv"
 }
@@ -453,17 +457,32 @@ phase_clear_stale() {
     fi
   done < <(find "$TPUPOD_ROOT/bundles" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' \
     -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)
-  # The uv caches of environments this boot did not install from: the kept venvs are hard links
-  # into them and keep their files; what they alone hold (in memory, maybe) is freed.
-  local cache
+  prune_environments
+  echo "no job running, locks clear"
+}
+
+# prune_environments: what no kept environment needs goes (in memory it holds RAM until a
+# reboot): job environments but the one this boot chose (job.venv), the uv caches of
+# environments neither this boot nor a kept bundle's venv was installed from (the venvs hold
+# hard links into them: their files stay), and restores a phase deadline cut short.
+prune_environments() {
+  local env cache keep="$BOOTSTRAP_STATE/env-keys-kept" chosen
+  chosen=$(cat "$TPUPOD_ROOT/job.venv" 2>/dev/null || true)
+  for env in "$TPUPOD_ENV_HOME"/envs/*; do
+    if [ -d "$env" ] && [ "$env" != "$chosen" ]; then
+      echo "removing job environment ${env##*/} (not this boot's)"
+      rm -rf "$env"
+    fi
+  done
+  cat "$BOOTSTRAP_STATE/env-keys" "$TPUPOD_ROOT"/bundles/*/.venv/.tpupod-env-key >"$keep" \
+    2>/dev/null || true
   for cache in "$TPUPOD_ENV_HOME"/uv/env-*; do
-    [ -d "$cache" ] || continue
-    if ! grep -qxF "${cache##*/env-}" "$BOOTSTRAP_STATE/env-keys" 2>/dev/null; then
-      echo "removing the uv cache of environment ${cache##*/env-} (not installed from by this boot)"
+    if [ -d "$cache" ] && ! grep -qxF "${cache##*/env-}" "$keep"; then
+      echo "removing the uv cache of environment ${cache##*/env-} (no kept environment's)"
       rm -rf "$cache"
     fi
   done
-  echo "no job running, locks clear"
+  rm -rf "$TPUPOD_ENV_HOME"/uv/.envcache.*
 }
 
 phase_job_env() {
@@ -558,8 +577,8 @@ phase_start_job() {
 }
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv envcache \
-  publish_env env_from_bucket phase_metadata phase_uv phase_bundle phase_sync job_field \
-  phase_job_python phase_clear_stale phase_job_env phase_bytecode phase_bytecode_wait \
+  publish_env env_from_bucket prune_environments phase_metadata phase_uv phase_bundle phase_sync \
+  job_field phase_job_python phase_clear_stale phase_job_env phase_bytecode phase_bytecode_wait \
   phase_start_job
 
 # ---------------------------------------------------------------------------------------------

@@ -208,6 +208,7 @@ class LocalPod(TpuAnswers):
                            f"{pod.get('controller_pid')}, run {self._config().get('run_id')}): "
                            "`tpupod local down` first")  # fmt: skip
         self.down()  # leftovers of a pod whose controller died
+        memory.sweep_orphans()  # and the memory of pods whose test bed died before `down`
         self.paths.root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.paths.storage, ignore_errors=True)  # a fresh bucket per pod
         note(f"reading stack {self.iam_stack}'s IAM (identities, grants, services)")

@@ -32,6 +32,13 @@ from loopback_only import _loopback_only  # noqa: E402, F401 - autouse: guards e
 
 loopback_only.install()
 
+
+def pytest_sessionfinish(session, exitstatus):
+    if (report := loopback_only.uncharged_report()) is not None:
+        sys.stderr.write(f"\n{report}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 # The test modules whose local pods boot tpupod's own startup script (uv, the environment from the
 # bucket, the trainer or a job): the heavy ones, and the ones that share the session's seeded
 # environments. Pods with a stand-in startup script are light and run beside them.

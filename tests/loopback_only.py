@@ -3,7 +3,9 @@
 In every test process, a name lookup or a connect to anything but loopback is refused the way a
 machine without that network refuses it (gaierror, ConnectionRefusedError), and recorded with the
 thread that tried and what it was running; the test during which it happened then errors. A thread
-a test left behind is caught too: it is charged to the test running when it tried."""
+a test left behind is caught too: it is charged to the test running when it tried. One made
+outside any test (collection, a module or session fixture) errors the next test, or, after the
+last, the session."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import pytest
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", ""}
 _real_getaddrinfo = socket.getaddrinfo
+_real_gethostbyname = socket.gethostbyname
+_real_gethostbyname_ex = socket.gethostbyname_ex
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
 attempts: list[str] = []
@@ -32,7 +36,8 @@ def _is_loopback_host(host) -> bool:
         address = ipaddress.ip_address(host)
     except ValueError:
         return False
-    return address.is_loopback or address.is_unspecified
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or address.is_unspecified or bool(mapped and mapped.is_loopback)
 
 
 def _record(what: str) -> None:
@@ -45,6 +50,20 @@ def _getaddrinfo(host, *args, **kwargs):
         _record(f"lookup of {host!r}")
         raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
     return _real_getaddrinfo(host, *args, **kwargs)
+
+
+def _gethostbyname(host):
+    if not _is_loopback_host(host):
+        _record(f"lookup of {host!r}")
+        raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
+    return _real_gethostbyname(host)
+
+
+def _gethostbyname_ex(host):
+    if not _is_loopback_host(host):
+        _record(f"lookup of {host!r}")
+        raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
+    return _real_gethostbyname_ex(host)
 
 
 def _refused(sock: socket.socket, address) -> bool:
@@ -70,15 +89,31 @@ def _connect_ex(self, address):
 
 def install() -> None:
     socket.getaddrinfo = _getaddrinfo
+    socket.gethostbyname = _gethostbyname
+    socket.gethostbyname_ex = _gethostbyname_ex
     socket.socket.connect = _connect
     socket.socket.connect_ex = _connect_ex
 
 
 @pytest.fixture(autouse=True)
 def _loopback_only():
+    if attempts:  # made outside any test: collection, or a module or session fixture before us
+        earlier = attempts[:]
+        attempts.clear()
+        pytest.fail(f"{len(earlier)} attempt(s) to reach beyond loopback before this test, outside "
+                    f"any test; the first:\n{earlier[0]}", pytrace=False)  # fmt: skip
     before = len(attempts)
     yield
     tried = attempts[before:]
+    del attempts[before:]  # charged to this test; what is left at the end was charged to none
     if tried:
         pytest.fail(f"{len(tried)} attempt(s) to reach beyond loopback during this test; the "
                     f"first:\n{tried[0]}", pytrace=False)  # fmt: skip
+
+
+def uncharged_report() -> str | None:
+    """Attempts made outside any test (collection, a module or session fixture): the session
+    fails on them (tests/conftest.py, pytest_sessionfinish)."""
+    if not attempts:
+        return None
+    return f"{len(attempts)} attempt(s) to reach beyond loopback outside any test; the first:\n{attempts[0]}"

@@ -39,3 +39,15 @@ def test_loopback_goes_through():
         with socket.create_connection(("localhost", server.getsockname()[1]), timeout=5):
             pass
     assert _take_attempts(before) == []
+
+
+def test_ipv4_mapped_loopback_and_the_other_lookups():
+    before = len(loopback_only.attempts)
+    assert loopback_only._is_loopback_host("::ffff:127.0.0.1")
+    assert not loopback_only._is_loopback_host("::ffff:10.0.0.1")
+    with pytest.raises(socket.gaierror):
+        socket.gethostbyname("metadata.google.internal")
+    with pytest.raises(socket.gaierror):
+        socket.gethostbyname_ex("storage.googleapis.com")
+    assert socket.gethostbyname("localhost").startswith("127.")
+    assert len(_take_attempts(before)) == 2

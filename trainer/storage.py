@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import fsspec
 import fsspec.asyn
@@ -96,37 +97,53 @@ async def _probe_async(f, probe: str) -> None:
     await f._rm(probe)
 
 
+def _bounded(fn, timeout: float):
+    """fn() in a thread, its result or its exception; TimeoutError past `timeout` (the thread,
+    a daemon, is left to finish: only for calls whose own retries are bounded)."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out["error"] = e
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
 def _probe(uri: str, process_id: int, timeout: float) -> str | None:
     """Writes and removes one object; returns the error's first line, or raises TimeoutError.
     On an async filesystem (gcsfs) the attempt is cancelled at the deadline: a thread left
-    retrying would go on reading STORAGE_EMULATOR_HOST at every try, long after its caller."""
+    retrying would go on reading STORAGE_EMULATOR_HOST at every try, long after its caller.
+    Making the filesystem (credentials: google-auth may ask the metadata server, with bounded
+    retries) counts against the same deadline."""
+    deadline = time.monotonic() + timeout
     probe = join(uri, f".probe-{process_id}")
     try:
-        f = fs(uri)
+        f = _bounded(lambda: fs(uri), timeout)
+        left = max(0.1, deadline - time.monotonic())
         if getattr(f, "async_impl", False):
-            fsspec.asyn.sync(f.loop, _probe_async, f, probe, timeout=timeout)
+            fsspec.asyn.sync(f.loop, _probe_async, f, probe, timeout=left)
             return None
-        result: dict = {}
-        worker = threading.Thread(target=_probe_sync, args=(uri, probe, result), daemon=True)
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
-            raise TimeoutError
-        return result.get("error")
+        return _bounded(lambda: _probe_sync(uri, probe), left)
     except (TimeoutError, fsspec.exceptions.FSTimeoutError):
         raise TimeoutError from None
     except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
         return _first_line(e)
 
 
-def _probe_sync(uri: str, probe: str, result: dict) -> None:
-    try:
-        if not is_remote(uri):
-            os.makedirs(uri, exist_ok=True)
-        write_bytes(probe, b"ok")
-        fs(uri).rm(probe)
-    except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
-        result["error"] = _first_line(e)
+def _probe_sync(uri: str, probe: str) -> None:
+    if not is_remote(uri):
+        os.makedirs(uri, exist_ok=True)
+    write_bytes(probe, b"ok")
+    fs(uri).rm(probe)
 
 
 def check_writable(uri: str, process_id: int, timeout: float = PROBE_TIMEOUT_S) -> None:

@@ -224,6 +224,7 @@ class Slice:
             if agent.popen.poll() is None:
                 procs.kill_tree(agent.popen.pid, include_root=True)
             agent.popen.wait(timeout=10)
+            memory.empty(self.paths.root, agent.index)  # a stopped VM keeps its disk, not its RAM
         self._kill_strays()  # orphans of agents that died early were re-parented to us
 
     # -- faults ------------------------------------------------------------------------------
@@ -264,7 +265,6 @@ class Slice:
         self._stop_agents(grace=DELETE_GRACE_S)
         time.sleep(seconds)
         for index in range(len(self.layout["addresses"])):
-            memory.empty(self.paths.root, index)  # a reboot keeps the disk, not the memory
             popen = worker_vm.start_agent(self.paths, index)
             with self._lock:
                 self._agents[index] = Agent(index, popen)

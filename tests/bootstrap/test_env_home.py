@@ -65,3 +65,46 @@ def test_a_filesystem_that_runs_no_executables_is_not_used(tmp_path: Path) -> No
     assert env_home(tmp_path, PATH=f"{bin_dir}:/usr/bin:/bin") == str(tmp_path / "root")
     (bin_dir / "findmnt").write_text("#!/bin/sh\necho rw,nosuid,nodev,relatime\n")
     assert env_home(tmp_path, PATH=f"{bin_dir}:/usr/bin:/bin") == str(tmp_path / "ram")
+
+
+def sourced(tmp_path: Path, body: str, **env: str) -> subprocess.CompletedProcess:
+    """startup.sh's helpers and phases without its main, sourced as the watcher VM's bootstrap
+    sources them (bootstrap/watcher-startup.sh), then `body`."""
+    script = PROJECT_ROOT / "bootstrap" / "startup.sh"
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TPUPOD_ROOT": str(tmp_path / "root")}
+    return subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n. <(sed '$d' {script})\n{body}"],
+        env={**base, **env}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_the_watcher_which_never_runs_main_keeps_its_environment_on_its_disk(tmp_path: Path):
+    done = sourced(tmp_path, 'echo "$TPUPOD_ENV_HOME"')
+    assert done.returncode == 0, done.stderr  # set -u: phase_sync needs it set
+    assert done.stdout.strip() == str(tmp_path / "root")
+
+
+def test_pruning_keeps_what_a_kept_environment_needs(tmp_path: Path) -> None:
+    """The uv caches of this boot's environments and of the kept bundles' venvs stay (a rollback
+    installs offline from them), the chosen job environment stays; the rest goes."""
+    root, home, state = tmp_path / "root", tmp_path / "ram", tmp_path / "root" / ".bootstrap"
+    state.mkdir(parents=True)
+    for bundle, key in (("aaa", "k1"), ("bbb", "k2")):
+        venv = home / "venvs" / bundle
+        venv.mkdir(parents=True)
+        (venv / ".tpupod-env-key").write_text(f"{key}\n")
+        (root / "bundles" / bundle).mkdir(parents=True)
+        (root / "bundles" / bundle / ".venv").symlink_to(venv)
+    for key in ("k1", "k2", "k3", "k4"):
+        (home / "uv" / f"env-{key}").mkdir(parents=True)
+    (home / "uv" / ".envcache.cut-short").mkdir()
+    (state / "env-keys").write_text("k4\n")
+    for name in ("uv-111", "uv-222"):
+        (home / "envs" / name).mkdir(parents=True)
+    (root / "job.venv").write_text(f"{home / 'envs' / 'uv-111'}\n")
+    done = sourced(tmp_path, "prune_environments", TPUPOD_ENV_HOME=str(home),
+                   BOOTSTRAP_STATE=str(state))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (home / "uv").iterdir()) == ["env-k1", "env-k2", "env-k4"]
+    assert sorted(p.name for p in (home / "envs").iterdir()) == ["uv-111"]
+    assert sorted(p.name for p in (home / "venvs").iterdir()) == ["aaa", "bbb"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from localpod.vm import memory
 
 
@@ -35,3 +37,31 @@ def test_a_boot_finds_its_memory_empty_and_down_releases_it(tmp_path: Path) -> N
     finally:
         memory.release(root)
     assert not memory.pod_memory(root).exists()
+
+
+def test_a_planted_directory_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "pod"
+    planted = memory.pod_memory(root)
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)  # as another user's could be: /dev/shm is everyone's
+    try:
+        with pytest.raises(RuntimeError, match="not a directory of this user's alone"):
+            memory.empty(root, 0)
+    finally:
+        memory.release(root)
+
+
+def test_the_memory_of_a_pod_whose_directory_is_gone_is_swept(tmp_path: Path) -> None:
+    live, gone = tmp_path / "live", tmp_path / "gone"
+    live.mkdir()
+    gone.mkdir()
+    try:
+        memory.empty(live, 0)
+        memory.empty(gone, 0)
+        gone.rmdir()  # its test bed died before `down`; its tmp directory was cleaned later
+        swept = memory.sweep_orphans()
+        assert memory.pod_memory(gone) in swept and not memory.pod_memory(gone).exists()
+        assert memory.pod_memory(live) not in swept and memory.worker_memory(live, 0).is_dir()
+    finally:
+        memory.release(live)
+        memory.release(gone)
