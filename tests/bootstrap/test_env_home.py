@@ -79,9 +79,24 @@ def sourced(tmp_path: Path, body: str, **env: str) -> subprocess.CompletedProces
 
 
 def test_the_watcher_which_never_runs_main_keeps_its_environment_on_its_disk(tmp_path: Path):
-    done = sourced(tmp_path, 'echo "$TPUPOD_ENV_HOME"')
-    assert done.returncode == 0, done.stderr  # set -u: phase_sync needs it set
-    assert done.stdout.strip() == str(tmp_path / "root")
+    """The watcher VM sources the phases and runs phase_sync itself (watcher-startup.sh, its
+    GCP branch), without main: under set -u it must find everything the phase reads. uv and
+    the bucket are stand-ins here; the phase's own code runs."""
+    sha = "a" * 64
+    bundle = tmp_path / "root" / "bundles" / sha
+    bundle.mkdir(parents=True)
+    stand_ins = (
+        'uv() { echo /usr/bin/python3; }\n'
+        'envcache() { echo k1; }\n'
+        'env_from_bucket() { mkdir -p "$UV_PROJECT_ENVIRONMENT/bin"; }\n'
+    )  # fmt: skip
+    done = sourced(tmp_path, f"{stand_ins}mkdir -p $TPUPOD_ROOT/.bootstrap\nphase_sync",
+                   MD_BUNDLE_SHA256=sha, MD_UV_GROUP="ops",
+                   BOOTSTRAP_STATE=str(tmp_path / "root" / ".bootstrap"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    venv = tmp_path / "root" / "venvs" / sha  # on the disk, not in memory
+    assert (bundle / ".venv").resolve() == venv
+    assert (venv / ".tpupod-env-key").read_text() == "k1\n"
 
 
 def test_pruning_keeps_what_a_kept_environment_needs(tmp_path: Path) -> None:
