@@ -451,8 +451,13 @@ phase_clear_stale() {
     kept=$((kept + 1))
     if [ "$kept" -gt 2 ]; then
       echo "removing old bundle ${dir##*/}"
-      # its venv, kept with the environments (phase_sync), goes with it
-      if [ -L "$dir/.venv" ]; then rm -rf "$(readlink "$dir/.venv")"; fi
+      # its venv, kept with the environments (phase_sync), goes with it: only a venv there,
+      # never whatever else a link might name (this runs as root)
+      local target
+      target=$(readlink "$dir/.venv" || true)
+      case "$target" in
+      "$TPUPOD_RAM_DIR"/venvs/* | "$TPUPOD_ROOT"/venvs/*) rm -rf "$target" ;;
+      esac
       rm -rf "$dir"
     fi
   done < <(find "$TPUPOD_ROOT/bundles" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' \

@@ -17,9 +17,6 @@ import traceback
 import pytest
 
 LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", ""}
-_real_getaddrinfo = socket.getaddrinfo
-_real_gethostbyname = socket.gethostbyname
-_real_gethostbyname_ex = socket.gethostbyname_ex
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
 attempts: list[str] = []
@@ -45,25 +42,16 @@ def _record(what: str) -> None:
     attempts.append(f"{what} (thread {threading.current_thread().name})\n{stack}")
 
 
-def _getaddrinfo(host, *args, **kwargs):
-    if not _is_loopback_host(host):
-        _record(f"lookup of {host!r}")
-        raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
-    return _real_getaddrinfo(host, *args, **kwargs)
+def _lookup(real):
+    """`real` (a name lookup of the socket module) refusing and recording any name but loopback."""
 
+    def lookup(host, *args, **kwargs):
+        if not _is_loopback_host(host):
+            _record(f"lookup of {host!r}")
+            raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
+        return real(host, *args, **kwargs)
 
-def _gethostbyname(host):
-    if not _is_loopback_host(host):
-        _record(f"lookup of {host!r}")
-        raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
-    return _real_gethostbyname(host)
-
-
-def _gethostbyname_ex(host):
-    if not _is_loopback_host(host):
-        _record(f"lookup of {host!r}")
-        raise socket.gaierror(socket.EAI_NONAME, f"tests reach loopback only: {host!r} refused")
-    return _real_gethostbyname_ex(host)
+    return lookup
 
 
 def _refused(sock: socket.socket, address) -> bool:
@@ -88,9 +76,8 @@ def _connect_ex(self, address):
 
 
 def install() -> None:
-    socket.getaddrinfo = _getaddrinfo
-    socket.gethostbyname = _gethostbyname
-    socket.gethostbyname_ex = _gethostbyname_ex
+    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex"):
+        setattr(socket, name, _lookup(getattr(socket, name)))
     socket.socket.connect = _connect
     socket.socket.connect_ex = _connect_ex
 

@@ -41,7 +41,8 @@ def _ours(root: Path) -> Path:
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise RuntimeError(f"{path} is not a directory of this user's alone: remove it")
-    (path / OWNER).write_text(str(root.resolve()))
+    if not (path / OWNER).exists():
+        (path / OWNER).write_text(str(root.resolve()))
     return path
 
 

@@ -4,6 +4,7 @@ memory when the operator says so. The function itself, run by bash from the scri
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -123,3 +124,35 @@ def test_pruning_keeps_what_a_kept_environment_needs(tmp_path: Path) -> None:
     assert sorted(p.name for p in (home / "uv").iterdir()) == ["env-k1", "env-k2", "env-k4"]
     assert sorted(p.name for p in (home / "envs").iterdir()) == ["uv-111"]
     assert sorted(p.name for p in (home / "venvs").iterdir()) == ["aaa", "bbb"]
+
+
+def test_an_old_bundle_takes_its_own_venv_and_nothing_a_link_names_elsewhere(tmp_path: Path):
+    """clear-stale removes bundles past the newest two with their venvs, following each .venv
+    link only into a venvs/ directory of the environments: it runs as root, and a link naming
+    anything else must not turn into an `rm -rf` of it."""
+    root, home = tmp_path / "root", tmp_path / "ram"
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "kept.txt").write_text("not a venv")
+    current = "c" * 64
+    names = [current, "3" * 64, "2" * 64, "1" * 64, "0" * 64]  # newest first
+    for name in names:
+        bundle = root / "bundles" / name
+        (bundle / "bootstrap").mkdir(parents=True)
+    ctl = root / "bundles" / current / "bootstrap" / "jobctl.sh"
+    ctl.write_text('#!/bin/sh\n[ "$1" = bundle ] && exit 1; exit 0\n')  # no job running
+    ctl.chmod(0o755)
+    (home / "venvs" / names[3]).mkdir(parents=True)
+    (root / "bundles" / names[3] / ".venv").symlink_to(home / "venvs" / names[3])
+    (root / "bundles" / names[4] / ".venv").symlink_to(precious)
+    for age, name in enumerate(names):  # last: making the links touched the directories
+        os.utime(root / "bundles" / name, (1e9 - age, 1e9 - age))
+    state = root / ".bootstrap"
+    state.mkdir()
+    done = sourced(tmp_path, "phase_clear_stale", TPUPOD_ENV_HOME=str(home),
+                   TPUPOD_RAM_DIR=str(home), MD_BUNDLE_SHA256=current,
+                   BOOTSTRAP_STATE=str(state))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (root / "bundles").iterdir()) == sorted(names[:3])
+    assert not (home / "venvs" / names[3]).exists()  # its own venv went with it
+    assert (precious / "kept.txt").exists()  # what a link named elsewhere stayed
