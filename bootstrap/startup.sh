@@ -467,27 +467,75 @@ phase_clear_stale() {
 }
 
 # prune_environments: what no kept environment needs goes (in memory it holds RAM until a
-# reboot): job environments but the one this boot chose (job.venv), the uv caches of
-# environments neither this boot nor a kept bundle's venv was installed from (the venvs hold
-# hard links into them: their files stay), and restores a phase deadline cut short.
+# reboot), in both places a boot of this VM may have put environments (the other one: memory was
+# full, or has room again): job environments but the one this boot chose (job.venv), venvs no
+# kept bundle links to, the uv caches no kept environment there was installed from (the venvs
+# hold hard links into them: their files stay), and restores a phase deadline cut short.
 prune_environments() {
-  local env cache keep="$BOOTSTRAP_STATE/env-keys-kept" chosen
+  local home homes=("$TPUPOD_ENV_HOME") other env venv cache keep="$BOOTSTRAP_STATE/env-keys-kept"
+  local chosen
+  other=$(other_env_home)
+  [ -z "$other" ] || homes+=("$other")
   chosen=$(cat "$TPUPOD_ROOT/job.venv" 2>/dev/null || true)
-  for env in "$TPUPOD_ENV_HOME"/envs/*; do
-    if [ -d "$env" ] && [ "$env" != "$chosen" ]; then
-      echo "removing job environment ${env##*/} (not this boot's)"
-      rm -rf "$env"
-    fi
+  for home in "${homes[@]}"; do
+    kept_env_keys "$home" >"$keep"
+    for env in "$home"/envs/*; do
+      if [ -d "$env" ] && [ "$env" != "$chosen" ]; then
+        echo "removing job environment ${env##*/} from $home (not this boot's)"
+        rm -rf "$env"
+      fi
+    done
+    for venv in "$home"/venvs/*; do
+      if [ -d "$venv" ] && ! linked_from_a_bundle "$venv"; then
+        echo "removing venv ${venv##*/} from $home (no kept bundle's)"
+        rm -rf "$venv"
+      fi
+    done
+    for cache in "$home"/uv/env-*; do
+      if [ -d "$cache" ] && ! grep -qxF -- "${cache##*/env-}" "$keep"; then
+        echo "removing the uv cache of environment ${cache##*/env-} from $home (no kept environment's)"
+        rm -rf "$cache"
+      fi
+    done
+    rm -rf "$home"/uv/.envcache.*
   done
-  cat "$BOOTSTRAP_STATE/env-keys" "$TPUPOD_ROOT"/bundles/*/.venv/.tpupod-env-key >"$keep" \
-    2>/dev/null || true
-  for cache in "$TPUPOD_ENV_HOME"/uv/env-*; do
-    if [ -d "$cache" ] && ! grep -qxF "${cache##*/env-}" "$keep"; then
-      echo "removing the uv cache of environment ${cache##*/env-} (no kept environment's)"
-      rm -rf "$cache"
-    fi
+}
+
+# linked_from_a_bundle DIR: a kept bundle's .venv link resolves to DIR (the same directory,
+# however either is spelled).
+linked_from_a_bundle() {
+  local link
+  for link in "$TPUPOD_ROOT"/bundles/*/.venv; do
+    if [ -L "$link" ] && [ "$link" -ef "$1" ]; then return 0; fi
   done
-  rm -rf "$TPUPOD_ENV_HOME"/uv/.envcache.*
+  return 1
+}
+
+# kept_env_keys HOME: the environment keys whose uv caches in HOME stay: this boot's (in its own
+# home) and those of the kept bundles' venvs that live in HOME (a venv is hard-linked from the
+# cache beside it). A venv inside its bundle (the layout before venvs/) keeps its key in both.
+kept_env_keys() {
+  local link venv
+  if [ "$1" = "$TPUPOD_ENV_HOME" ]; then cat "$BOOTSTRAP_STATE/env-keys" 2>/dev/null || true; fi
+  for link in "$TPUPOD_ROOT"/bundles/*/.venv; do
+    if [ -L "$link" ]; then
+      venv=$(readlink -f "$link") || continue
+      [ "${venv%/venvs/*}" -ef "$1" ] || continue
+    fi
+    cat "$link/.tpupod-env-key" 2>/dev/null || true
+  done
+}
+
+# other_env_home: the place this boot did not choose (env_home), where an earlier boot of this
+# VM may have left environments; memory only when it is a directory of ours alone (env_home's
+# conditions on who may write it: never follow what someone else could have planted there).
+other_env_home() {
+  if [ "$TPUPOD_ENV_HOME" != "$TPUPOD_ROOT" ]; then
+    echo "$TPUPOD_ROOT"
+  elif [ -d "$TPUPOD_RAM_DIR" ] && [ ! -L "$TPUPOD_RAM_DIR" ] && [ -O "$TPUPOD_RAM_DIR" ] &&
+    [ -z "$(find "$TPUPOD_RAM_DIR" -maxdepth 0 -perm /022 2>/dev/null)" ]; then
+    echo "$TPUPOD_RAM_DIR"
+  fi
 }
 
 phase_job_env() {
@@ -582,7 +630,7 @@ phase_start_job() {
 }
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv envcache \
-  publish_env env_from_bucket prune_environments phase_metadata phase_uv phase_bundle phase_sync \
+  publish_env env_from_bucket prune_environments linked_from_a_bundle kept_env_keys other_env_home phase_metadata phase_uv phase_bundle phase_sync \
   job_field phase_job_python phase_clear_stale phase_job_env phase_bytecode phase_bytecode_wait \
   phase_start_job
 

@@ -95,7 +95,7 @@ class Controller:
         self.tpu: TpuApiServer | None = None
         self.compute: ComputeApiServer | None = None
         self.slice: Slice | None = None
-        self.reaper: trash.Reaper | None = None  # the old disks of recreated workers
+        self.reaper: trash.Reaper | None = None  # old disks and stopped VMs' memory
         self.kills: TimedKills | None = None
         self.oslogin: oslogin.OsLoginServer | None = None
         self.secrets: secret_manager.SecretManagerServer | None = None

@@ -2,12 +2,12 @@
 
 One checkpoint is a Composite: `state` (params, optimizer state, step, RNG; restored straight
 into the target shardings), `data` (one grain iterator state file per process) and `meta` (process
-count, the config fields that fix parameter shapes). Orbax writes each step into a temporary
-directory and renames it only once every process has finished, so a step cut off mid-write is
-never listed, never restored. Process 0 writes the step's manifest of sizes and CRC32Cs
-(trainer/manifest.py), which a restore checks first, after every item has finished and before
-Orbax's commit (Orbax's post-finalization hook): a step Orbax lists always has its manifest,
-so no kill or stop between the two can leave a committed step unverifiable."""
+count, the config fields that fix shapes, the state's leaf shapes). Orbax writes each step
+into a temporary directory and renames it only once every process has finished, so a step cut
+off mid-write is never listed, never restored. Process 0 writes the step's manifest of sizes
+and CRC32Cs (trainer/manifest.py), which a restore checks first, after every item has
+finished and before Orbax's commit (Orbax's post-finalization hook): a step Orbax lists always
+has its manifest, so no kill or stop between the two can leave a committed step unverifiable."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from trainer.data_checkpoint import IteratorHandler, IteratorRestore, IteratorSa
 from trainer.save_policy import save_policy, time_policy
 from trainer.save_start import SaveStarter, orbax_manager
 from trainer.tokenizer import identity_of
-from trainer.tree_shapes import leaf_shapes, tree_difference
+from trainer.tree_shapes import leaf_shapes, leaves_in, tree_difference, with_leaves
 
 
 def preservation_policy(cfg: Config):
@@ -138,7 +138,7 @@ class Checkpoints:
                 f"{where} has model shapes {meta.get('shapes')}, this config has "
                 f"{self.meta['shapes']}"
             )
-        stored = leaf_shapes(self.manager.item_metadata(step)["state"])
+        stored = leaves_in(meta) or leaf_shapes(self.manager.item_metadata(step)["state"])
         expected = leaf_shapes(abstract_state)
         if stored != expected:
             raise BadInput(f"{where} {tree_difference(stored, expected)}: it was written by "
@@ -244,7 +244,7 @@ class Checkpoints:
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=IteratorSave(data),
-            meta=ocp.args.JsonSave(self.meta),
+            meta=ocp.args.JsonSave(with_leaves(self.meta, state)),
         )
         if jax.process_index() == 0:
             self._manifest_due.append(step)

@@ -1,5 +1,7 @@
 """A state's shape, leaf by leaf, and what differs between two: how a checkpoint written for
-another model (other leaves, other shapes) is refused in one line before Orbax reads it."""
+another model (other leaves, other shapes) is refused in one line before Orbax reads it. A
+checkpoint carries its state's leaf shapes in its small `meta` item (with_leaves), so a resume
+compares them without opening every array's metadata in the bucket."""
 
 from __future__ import annotations
 
@@ -33,3 +35,15 @@ def tree_difference(stored: dict, expected: dict, show: int = 2) -> str:
             "has " + some(reshaped, lambda k: f"{k} {list(stored[k])} (model: {list(expected[k])})")
         )
     return "; ".join(parts)
+
+
+def with_leaves(meta: dict, state) -> dict:
+    """`meta` (a checkpoint's JSON item) with `state`'s leaf shapes."""
+    return {**meta, "leaves": {path: list(shape) for path, shape in leaf_shapes(state).items()}}
+
+
+def leaves_in(meta: dict) -> dict[str, tuple[int, ...]] | None:
+    """The leaf shapes `with_leaves` stored; None for a checkpoint written before it did (its
+    arrays' own metadata has them: Orbax's item_metadata)."""
+    leaves = meta.get("leaves")
+    return None if leaves is None else {path: tuple(shape) for path, shape in leaves.items()}

@@ -14,13 +14,13 @@ import hashlib
 import os
 import shutil
 import stat
-import threading
 import time
 from pathlib import Path
 
 SHM = Path("/dev/shm")
 PREFIX = "tpupod-pod-"
 OWNER = "pod-dir"  # in a pod's memory directory: the pod directory it belongs to
+TRASH = ".trash"  # in a pod's memory directory: what stopped VMs' memory held (trash_dir)
 
 
 def pod_memory(root: Path) -> Path:
@@ -46,20 +46,26 @@ def _ours(root: Path) -> Path:
     return path
 
 
+def trash_dir(root: Path) -> Path:
+    """Where `empty` puts what a worker's memory held: the pod's trash reaper (localpod.vm.trash)
+    deletes it while every job trains."""
+    return pod_memory(root) / TRASH
+
+
 def empty(root: Path, index: int) -> Path:
-    """Worker `index`'s memory, empty: what it held is renamed aside at once and deleted in the
-    background (freeing memory is no work of the next VM's)."""
+    """Worker `index`'s memory, empty: what it held is renamed into the trash at once (freeing
+    memory is no work of the next VM's boot: its 0.7 GB of files were deleted while it booted)."""
     path = _ours(root) / f"worker-{index}"
     if path.exists():
-        aside = path.with_name(f".gone-{index}-{time.time_ns()}")
-        path.rename(aside)
-        threading.Thread(target=shutil.rmtree, args=(aside, True), daemon=True).start()
+        (path.parent / TRASH).mkdir(mode=0o700, exist_ok=True)
+        path.rename(path.parent / TRASH / f"worker-{index}-{time.time_ns()}")
     path.mkdir(mode=0o700)
     return path
 
 
 def release(root: Path) -> None:
-    """The pod is down: its workers' memory goes (including what `empty` had not deleted yet)."""
+    """The pod is down: its workers' memory goes (with its trash, what the reaper had not
+    deleted yet)."""
     shutil.rmtree(pod_memory(root), ignore_errors=True)
 
 

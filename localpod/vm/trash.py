@@ -11,7 +11,10 @@ its trash while it is quiet: every worker booted and its job training (status.js
 not starting, restoring or compiling after a boot, a crash or a hang), with an `rm` stopped
 within POLL_S as soon as that ends. An entry waiting longer than MAX_WAIT_S is deleted anyway,
 so a pod whose job never trains cannot fill the disk; one that `rm` cannot delete is set aside
-in trash/.stuck (said once on stderr), never retried in a loop.
+in trash/.stuck (said once on stderr), never retried in a loop. The workers' memory a stopped
+VM lost (localpod.vm.memory) waits in the pod memory's own trash the same way: on GCP a VM's RAM
+is gone with it, not freed by the next VMs' CPU while they boot (at once, and first, when the
+memory left is below what a boot needs: MEMORY_FLOOR_BYTES).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,9 +33,13 @@ from pathlib import Path
 
 from contract.status import JobState, parse_status
 from localpod.state import PodPaths
+from localpod.vm import memory
 
 FRESH_S = 5.0  # the trainer's status heartbeat comes every 2 s (trainer.config)
 MAX_WAIT_S = 120.0
+# Below this much free memory (the bootstrap's TPUPOD_RAM_MIN_FREE_MB, 4096) a stopped VM's
+# memory is freed at once: the next boots would otherwise unpack onto the disk, or run out.
+MEMORY_FLOOR_BYTES = 4096 << 20
 POLL_S = 0.1  # how soon a boot that begins stops the deletion
 RM = ("nice", "-n", "19", "rm", "-rf", "--one-file-system")
 STUCK = ".stuck"  # under trash/: what rm could not delete
@@ -86,8 +94,8 @@ class Reaper:
     def __init__(self, paths: PodPaths, quiet: Callable[[], bool] | None = None,
                  max_wait_s: float = MAX_WAIT_S, poll_s: float = POLL_S,
                  command: tuple[str, ...] = RM) -> None:  # fmt: skip
-        self.root = paths.root
-        self.trash = paths.root / "trash"
+        # the old disks' trash, then the workers' lost memory's (localpod.vm.memory)
+        self.trashes = (paths.root / "trash", memory.trash_dir(paths.root))
         self.quiet = quiet or (lambda: workers_quiet(paths))
         self.max_wait_s = max_wait_s
         self.poll_s = poll_s
@@ -115,29 +123,44 @@ class Reaper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        if self.trash.is_dir():
-            with contextlib.suppress(OSError):
-                self.trash.rename(self.root / f"trash-leaving-{time.time_ns()}")
-        leaving = [str(p) for p in self.root.glob("trash-leaving-*")]  # with an earlier rm's, cut
+        for trash in self.trashes:
+            if trash.is_dir():
+                with contextlib.suppress(OSError):
+                    trash.rename(trash.parent / f"trash-leaving-{time.time_ns()}")
+        leaving = [str(p) for trash in self.trashes  # with an earlier rm's, cut short
+                   for p in trash.parent.glob("trash-leaving-*")]  # fmt: skip
         if leaving:
             subprocess.Popen([*RM, *leaving], start_new_session=True,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)  # fmt: skip
 
     def _entries(self) -> list[Path]:
-        try:
-            return sorted((p for p in self.trash.iterdir() if p.name != STUCK), key=trashed_at)
-        except OSError:
-            return []
+        """Memory's entries first (quick, and what the next boots need), each trash's oldest
+        first."""
+        found: list[Path] = []
+        for trash in self.trashes:
+            with contextlib.suppress(OSError):
+                found += [p for p in trash.iterdir() if p.name != STUCK]
+        return sorted(found, key=lambda p: (not self._memory(p), trashed_at(p)))
 
-    def _allowed(self, since: float) -> bool:
-        return self.quiet() or time.time() - since > self.max_wait_s
+    def _memory(self, entry: Path) -> bool:
+        return entry.parent == self.trashes[1]
+
+    def _allowed(self, entry: Path, since: float) -> bool:
+        if self.quiet() or time.time() - since > self.max_wait_s:
+            return True
+        if not self._memory(entry):
+            return False
+        try:
+            return shutil.disk_usage(entry.parent).free < MEMORY_FLOOR_BYTES
+        except OSError:  # the pod is going down: release() deletes it all
+            return False
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 entries = self._entries()
-                if entries and self._allowed(since := trashed_at(entries[0])):
+                if entries and self._allowed(entries[0], since := trashed_at(entries[0])):
                     self._delete(entries[0], since)
                     continue
             except Exception as err:  # noqa: BLE001 - the reaper outlives any one bad turn
@@ -154,7 +177,7 @@ class Reaper:
         running = True
         try:
             while rm.poll() is None and not self._stop.is_set():
-                if self._allowed(since) != running:
+                if self._allowed(entry, since) != running:
                     running = not running
                     rm.send_signal(signal.SIGCONT if running else signal.SIGSTOP)
                 self._stop.wait(self.poll_s)
@@ -167,7 +190,7 @@ class Reaper:
                 self._rm = None
         if rm.returncode <= 0 or self._stop.is_set() or not os.path.lexists(entry):
             return  # done, or killed by a signal (the next turn takes it again)
-        stuck = self.trash / STUCK
+        stuck = entry.parent / STUCK
         stuck.mkdir(exist_ok=True)
         entry.rename(stuck / entry.name)
         print(f"trash reaper: rm exited {rm.returncode} on {entry}: set aside in {stuck}",

@@ -38,7 +38,7 @@ from ops.watch.deadlines import WatchConfig, backoff
 from ops.watch.hold import Hold
 from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.journal import Journal
-from ops.watch.observe import OBSERVERS
+from ops.watch.observe import OBSERVERS, quick_look
 from ops.watch.progress import Progress
 from ops.watch.step_clock import StepClock
 from ops.watch.transitions import (
@@ -112,7 +112,9 @@ class Watcher:
                 if code is not None:
                     self.store.clear()
                     return code
-                time.sleep(self.progress.next_look(time.time(), self.config.poll))
+                now, poll = time.time(), self.config.poll
+                pause = quick_look(self.state.incident, now, poll)  # an operation just issued
+                time.sleep(self.progress.next_look(now, poll) if pause is None else pause)
         except GiveUp as err:
             self.journal.event("gave_up", str(err), failures=self.state.failures)
             self.store.clear()

@@ -156,3 +156,55 @@ def test_an_old_bundle_takes_its_own_venv_and_nothing_a_link_names_elsewhere(tmp
     assert sorted(p.name for p in (root / "bundles").iterdir()) == sorted(names[:3])
     assert not (home / "venvs" / names[3]).exists()  # its own venv went with it
     assert (precious / "kept.txt").exists()  # what a link named elsewhere stayed
+
+
+def test_a_boot_in_the_other_place_frees_what_an_earlier_one_left(tmp_path: Path) -> None:
+    """Memory was used, then full (or the reverse): the place this boot did not choose keeps only
+    what a kept bundle's venv there needs; a directory of memory someone else could write is
+    never entered."""
+    root, ram, state = tmp_path / "root", tmp_path / "ram", tmp_path / "root" / ".bootstrap"
+    state.mkdir(parents=True)
+
+    def venv(home: Path, bundle: str, key: str, linked: bool = True) -> None:
+        (home / "venvs" / bundle).mkdir(parents=True, exist_ok=True)
+        (home / "venvs" / bundle / ".tpupod-env-key").write_text(f"{key}\n")
+        (home / "uv" / f"env-{key}").mkdir(parents=True, exist_ok=True)
+        if linked:
+            (root / "bundles" / bundle).mkdir(parents=True, exist_ok=True)
+            (root / "bundles" / bundle / ".venv").unlink(missing_ok=True)
+            (root / "bundles" / bundle / ".venv").symlink_to(home / "venvs" / bundle)
+
+    def names(path: Path) -> list[str]:
+        return sorted(p.name for p in path.iterdir()) if path.exists() else []
+
+    venv(ram, "old", "k0")  # a kept bundle's venv, in memory by an earlier boot
+    venv(ram, "new", "k1", linked=False)  # this bundle's, in memory by an earlier boot
+    (ram / "envs" / "uv-111").mkdir(parents=True)
+    venv(root, "new", "k1")  # this boot, on the disk
+    (root / "envs" / "uv-111").mkdir(parents=True)
+    (root / "job.venv").write_text(f"{root / 'envs' / 'uv-111'}\n")
+    (state / "env-keys").write_text("k1\n")
+    ram.chmod(0o755)
+    done = sourced(tmp_path, "prune_environments", TPUPOD_ENV_HOME=str(root),
+                   TPUPOD_RAM_DIR=str(ram), BOOTSTRAP_STATE=str(state))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert names(ram / "venvs") == ["old"] and names(ram / "uv") == ["env-k0"]
+    assert names(ram / "envs") == []
+    assert (names(root / "venvs"), names(root / "uv"), names(root / "envs")) == (
+        ["new"], ["env-k1"], ["uv-111"])  # fmt: skip
+
+    # The reverse: this boot in memory, an orphan venv and its cache on the disk.
+    venv(root, "gone", "k9", linked=False)
+    done = sourced(tmp_path, "prune_environments", TPUPOD_ENV_HOME=str(ram),
+                   TPUPOD_RAM_DIR=str(ram), BOOTSTRAP_STATE=str(state))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert names(root / "venvs") == ["new"] and "env-k9" not in names(root / "uv")
+
+    # A memory directory another user could write is not ours to clear.
+    venv(ram, "planted", "k7", linked=False)
+    ram.chmod(0o777)
+    done = sourced(tmp_path, "prune_environments", TPUPOD_ENV_HOME=str(root),
+                   TPUPOD_RAM_DIR=str(ram), BOOTSTRAP_STATE=str(state))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "planted" in names(ram / "venvs") and "env-k7" in names(ram / "uv")
+    ram.chmod(0o755)

@@ -12,8 +12,10 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from localpod.state import PodPaths
-from localpod.vm import trash
+from localpod.vm import memory, trash
 
 
 def _worker(root: Path, index: int, boot: str | None, job: str | None = "training",
@@ -194,3 +196,49 @@ def test_deleted_after_the_longest_wait_even_if_never_quiet(tmp_path: Path):
 def test_move_to_trash_of_nothing(tmp_path: Path):
     assert trash.move_to_trash(tmp_path, tmp_path / "absent") is None
     assert not os.path.exists(tmp_path / "trash")
+
+
+@pytest.fixture
+def lost_memory(tmp_path: Path):
+    """Worker 0's memory as its VM stopped (localpod.vm.memory.empty): in the pod memory's trash,
+    holding a venv file; the pod's memory released afterwards."""
+    (memory.empty(tmp_path, 0) / "venv").mkdir()
+    (memory.worker_memory(tmp_path, 0) / "venv" / "lib.so").write_bytes(b"x" * 100)
+    memory.empty(tmp_path, 0)
+    (lost,) = memory.trash_dir(tmp_path).iterdir()
+    yield lost
+    memory.release(tmp_path)
+
+
+def _reaper(root: Path, quiet=None) -> trash.Reaper:
+    return trash.Reaper(PodPaths(root), quiet=quiet, poll_s=0.02).start()
+
+
+def test_a_stopped_vms_memory_waits_for_quiet_too(tmp_path: Path, lost_memory: Path):
+    """What a worker's memory held when its VM stopped is deleted by the same reaper, only once
+    the pod is quiet: not by the controller while the next VMs boot."""
+    _worker(tmp_path, 0, "running", None)
+    reaper = _reaper(tmp_path)
+    try:
+        time.sleep(0.5)
+        assert (lost_memory / "venv" / "lib.so").exists(), "deleted while a worker booted"
+        _worker(tmp_path, 0, "ok", "training")
+        assert _wait(lambda: not lost_memory.exists()), "never deleted once the pod was quiet"
+        assert memory.worker_memory(tmp_path, 0).is_dir()  # the VM's own memory stays
+    finally:
+        reaper.stop()
+
+
+def test_memory_short_of_room_is_freed_at_once_and_first(tmp_path: Path, lost_memory: Path,
+                                                          monkeypatch):  # fmt: skip
+    """Below the bootstrap's free-memory floor the next boots would unpack onto the disk (or run
+    out): a stopped VM's memory goes at once, before older disks; those still wait for quiet."""
+    monkeypatch.setattr(trash, "MEMORY_FLOOR_BYTES", 1 << 62)  # more than any tmpfs has free
+    disk = _old_disk(tmp_path)
+    reaper = _reaper(tmp_path, quiet=lambda: False)
+    try:
+        assert _wait(lambda: not lost_memory.exists()), "memory short of room was kept"
+        time.sleep(0.3)
+        assert disk.exists(), "an old disk went while the pod was not quiet"
+    finally:
+        reaper.stop()

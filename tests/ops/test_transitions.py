@@ -13,7 +13,7 @@ import pytest
 from ops.cloud.slice import SliceState
 from ops.cloud.target import SshSettings, Target
 from ops.cloud.tpu import TpuProvider
-from ops.watch import drawing, transitions, watcher
+from ops.watch import drawing, observe, transitions, watcher
 from ops.watch.deadlines import Limits
 from ops.watch.incident import Incident, IncidentStore, WatchState
 from ops.watch.journal import Journal
@@ -288,3 +288,21 @@ def test_the_node_observer_times_the_state_it_sees_not_the_phase():
     time.sleep(0.3)
     event, why = observe.node(w, inc, 100.6, 1800.0)
     assert event is Event.DEADLINE and "failed_repair" in why, why
+
+
+def test_an_operation_just_issued_is_looked_at_soon_then_at_the_poll():
+    """The create waits on the look that sees the delete done: the first looks come at 0.1 s,
+    then a quarter of the time waited, never past the poll; other phases (and no incident, or a
+    closed one) keep the poll's schedule (None)."""
+    now, poll = 1000.0, 0.5
+    waiting = Incident("preemption", "r", now, 5, phase=Phase.AWAITING_DELETE, phase_since=now)
+    looks = [observe.quick_look(waiting, now + t, poll) for t in (0.0, 0.3, 1.0, 1.5, 2.0, 60.0)]
+    assert looks == [0.1, 0.1, 0.25, 0.375, 0.5, 0.5]
+    create = Incident("preemption", "r", now, 5, phase=Phase.AWAITING_CREATE, phase_since=now)
+    assert observe.quick_look(create, now, poll) == 0.1
+    for phase in set(Phase) - {p for p, w in WAITS_FOR.items() if w in observe.QUICK_WAITS}:
+        other = Incident("preemption", "r", now, 5, phase=phase, phase_since=now)
+        assert observe.quick_look(other, now, poll) is None, phase
+    assert observe.quick_look(None, now, poll) is None
+    waiting.phases["resumed"] = now
+    assert observe.quick_look(waiting, now, poll) is None
