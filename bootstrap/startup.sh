@@ -361,8 +361,7 @@ env_home() {
   local avail options
   # shellcheck disable=SC2174 # the mode is for the directory itself; /dev/shm's is the system's
   if [ "${TPUPOD_ENV_IN_RAM:-1}" != 0 ] && [ ! -L "$TPUPOD_RAM_DIR" ] &&
-    mkdir -p -m 0755 "$TPUPOD_RAM_DIR" 2>/dev/null && [ -O "$TPUPOD_RAM_DIR" ] &&
-    [ -z "$(find "$TPUPOD_RAM_DIR" -maxdepth 0 -perm /022 2>/dev/null)" ] &&
+    mkdir -p -m 0755 "$TPUPOD_RAM_DIR" 2>/dev/null && ours_alone "$TPUPOD_RAM_DIR" &&
     options=$(findmnt -no OPTIONS --target "$TPUPOD_RAM_DIR" 2>/dev/null) &&
     [[ ",$options," != *,noexec,* ]] &&
     avail=$(df -Pk "$TPUPOD_RAM_DIR" | awk 'NR == 2 { print int($4 / 1024) }') &&
@@ -371,6 +370,12 @@ env_home() {
   else
     echo "$TPUPOD_ROOT"
   fi
+}
+
+# ours_alone DIR: a directory (not a link) this user owns and no other user may write to.
+ours_alone() {
+  [ -d "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] &&
+    [ -z "$(find "$1" -maxdepth 0 -perm /022 2>/dev/null)" ]
 }
 
 phase_sync() {
@@ -450,14 +455,9 @@ phase_clear_stale() {
     [ "${dir##*/}" != "$MD_BUNDLE_SHA256" ] || continue
     kept=$((kept + 1))
     if [ "$kept" -gt 2 ]; then
+      # its venv, linked from venvs/ (phase_sync), goes in prune_environments: no kept bundle
+      # links to it then; whatever else a link might name is never followed (this runs as root)
       echo "removing old bundle ${dir##*/}"
-      # its venv, kept with the environments (phase_sync), goes with it: only a venv there,
-      # never whatever else a link might name (this runs as root)
-      local target
-      target=$(readlink "$dir/.venv" || true)
-      case "$target" in
-      "$TPUPOD_RAM_DIR"/venvs/* | "$TPUPOD_ROOT"/venvs/*) rm -rf "$target" ;;
-      esac
       rm -rf "$dir"
     fi
   done < <(find "$TPUPOD_ROOT/bundles" -mindepth 1 -maxdepth 1 -type d -name '[0-9a-f]*' \
@@ -532,8 +532,7 @@ kept_env_keys() {
 other_env_home() {
   if [ "$TPUPOD_ENV_HOME" != "$TPUPOD_ROOT" ]; then
     echo "$TPUPOD_ROOT"
-  elif [ -d "$TPUPOD_RAM_DIR" ] && [ ! -L "$TPUPOD_RAM_DIR" ] && [ -O "$TPUPOD_RAM_DIR" ] &&
-    [ -z "$(find "$TPUPOD_RAM_DIR" -maxdepth 0 -perm /022 2>/dev/null)" ]; then
+  elif ours_alone "$TPUPOD_RAM_DIR"; then
     echo "$TPUPOD_RAM_DIR"
   fi
 }
@@ -630,9 +629,9 @@ phase_start_job() {
 }
 
 export -f log die record md attr uv_recent_enough uv_requirements install_uv envcache \
-  publish_env env_from_bucket prune_environments linked_from_a_bundle kept_env_keys other_env_home phase_metadata phase_uv phase_bundle phase_sync \
-  job_field phase_job_python phase_clear_stale phase_job_env phase_bytecode phase_bytecode_wait \
-  phase_start_job
+  publish_env env_from_bucket ours_alone prune_environments linked_from_a_bundle kept_env_keys \
+  other_env_home phase_metadata phase_uv phase_bundle phase_sync job_field phase_job_python \
+  phase_clear_stale phase_job_env phase_bytecode phase_bytecode_wait phase_start_job
 
 # ---------------------------------------------------------------------------------------------
 # The phase runner

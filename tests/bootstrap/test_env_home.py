@@ -16,10 +16,11 @@ from infra.bundle_archive import PROJECT_ROOT
 
 def env_home(tmp_path: Path, **env: str) -> str:
     script = (PROJECT_ROOT / "bootstrap" / "startup.sh").read_text()
-    (function,) = re.findall(r"^env_home\(\) \{\n.*?^\}\n", script, re.S | re.M)
+    functions = "".join(re.findall(r"^(?:env_home|ours_alone)\(\) \{\n.*?^\}\n", script,
+                                   re.S | re.M))  # fmt: skip
     base = {"PATH": "/usr/bin:/bin", "TPUPOD_ROOT": str(tmp_path / "root"),
             "TPUPOD_RAM_DIR": str(tmp_path / "ram"), "TPUPOD_RAM_MIN_FREE_MB": "1"}  # fmt: skip
-    done = subprocess.run(["bash", "-c", f"set -euo pipefail\n{function}env_home"],
+    done = subprocess.run(["bash", "-c", f"set -euo pipefail\n{functions}env_home"],
                           env={**base, **env}, capture_output=True, text=True, check=True)  # fmt: skip
     return done.stdout.strip()
 
