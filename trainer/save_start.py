@@ -20,41 +20,35 @@ Tests: tests/trainer/test_save_start.py.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
+from tpupod_job.worker import Worker
 
 
 class SaveStarter:
-    """One thread at a time runs a save's start; its error is raised on the loop's thread at the
-    next start, join or check, so a failed start stops the run as it did on the loop."""
+    """One thread (tpupod_job's Worker, started once) runs a save's start at a time; its error
+    is raised on the loop's thread at the next start, join or check, so a failed start stops
+    the run as it did on the loop."""
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("tpupod-save-start", on_error=self._keep)
         self._error: BaseException | None = None
+
+    def _keep(self, error: BaseException) -> None:
+        self._error = error
 
     def start(self, fn: Callable[..., None], *args) -> None:
         self.join()
-
-        def body() -> None:
-            try:
-                fn(*args)
-            except BaseException as e:  # raised again on the loop's thread
-                self._error = e
-
-        self._thread = threading.Thread(target=body, name="tpupod-save-start", daemon=True)
-        self._thread.start()
+        self._worker.submit(fn, *args)
 
     def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._worker.busy()
 
     def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._worker.join()
         self.check()
 
     def check(self) -> None:

@@ -152,3 +152,31 @@ def test_a_local_save_returns_while_the_step_computes_and_restores_bitwise(tmp_p
     restored, extra = tier.restore(4, abstract)
     assert extra == b"data"
     assert np.array_equal(np.asarray(restored["w"]), expected)
+
+
+def test_a_local_save_works_out_its_shards_once_per_tree_and_writes_each_saves_values(
+    tmp_path, monkeypatch
+):
+    """The keys and shards a save writes are worked out at the first save and again only when
+    the tree, a shape or a sharding changes; every save still writes the state it was given."""
+    from tpupod_job import local_tier
+
+    keyed = []
+    real_key = local_tier._key
+    monkeypatch.setattr(local_tier, "_key", lambda *a: keyed.append(a) or real_key(*a))
+    tier = LocalTier(str(tmp_path / "local"), every=1, identity={"process_index": 0})
+    states = [{"a": jnp.full(4, float(i)), "b": jnp.arange(3) + i} for i in range(3)]
+    for step, state in enumerate(states, 1):
+        assert tier.save(step, state)
+        tier.wait()
+    assert len(keyed) == 2  # two leaves, once
+    wider = {"a": jnp.full(8, 7.0), "b": jnp.arange(3)}
+    assert tier.save(4, wider)
+    tier.wait()
+    assert len(keyed) == 4  # a shape changed: worked out again
+    for step, state in [(3, states[2]), (4, wider)]:
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=x.sharding), state)  # fmt: skip
+        restored, _ = tier.restore(step, abstract)
+        for name in state:
+            assert np.array_equal(np.asarray(restored[name]), np.asarray(state[name])), step

@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -44,6 +43,7 @@ import jax
 import numpy as np
 
 from tpupod_job.host_copy import to_host
+from tpupod_job.worker import Worker
 
 ARRAYS, DATA, MANIFEST = "arrays.bin", "data.bin", "manifest.json"
 KEEP = 2  # steps kept on disk: the newest, and the one before while the newest is written
@@ -78,7 +78,8 @@ class LocalTier:
         self.root.mkdir(parents=True, exist_ok=True)
         for left in self.root.glob("*.tmp"):  # a save cut off by a kill
             shutil.rmtree(left, ignore_errors=True)
-        self._writer: threading.Thread | None = None
+        self._writer = Worker("local-checkpoint")
+        self._plan: tuple | None = None  # (signature, keys, where): LocalTier._shard_plan
         self.saved: int | None = None  # the newest step written whole
         self.skipped = 0  # saves due while the previous one was still being written
         self.blocked_s = 0.0  # the caller's time in save(): what the tier costs its loop
@@ -100,24 +101,34 @@ class LocalTier:
 
     def save(self, step: int, state, extra: bytes = b"") -> bool:
         """Dispatches the copy of this process's shards to host memory (tpupod_job.host_copy:
-        the loop does not wait for the step still computing them); a thread awaits it and writes
-        the shards with `extra`. False when the previous save is still being written (this one
+        the loop does not wait for the step still computing them); the writer thread awaits it
+        and writes the shards with `extra`. False when the previous save is still being written (this one
         is skipped)."""
-        if self._writer is not None and self._writer.is_alive():
+        if self._writer.busy():
             self.skipped += 1
             return False
         t0 = time.perf_counter()
-        paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0], strict=True)
-        wanted: dict[str, jax.Array] = {}  # key -> shard data: a replicated index once
-        for path, leaf in zip(paths, leaves, strict=True):
-            for shard in leaf.addressable_shards:
-                wanted.setdefault(_key(path, shard.index, leaf.shape), shard.data)
-        pieces = list(zip(wanted, to_host(list(wanted.values())), strict=True))
-        self._writer = threading.Thread(target=self._write, args=(step, pieces, bytes(extra)),
-                                        name="local-checkpoint", daemon=True)  # fmt: skip
-        self._writer.start()
+        leaves, treedef = jax.tree.flatten(state)
+        keys, where = self._shard_plan(state, leaves, treedef)
+        shards = to_host([leaves[i].addressable_data(at) for i, at in where])
+        self._writer.submit(self._write, step, list(zip(keys, shards, strict=True)), bytes(extra))
         self.blocked_s += time.perf_counter() - t0
         return True
+
+    def _shard_plan(self, state, leaves, treedef) -> tuple[list[str], list[tuple[int, int]]]:
+        """Which shards this process writes, once each (a replicated index once): their keys
+        and (leaf, position among the leaf's addressable shards). Worked out again only when the
+        tree, a shape or a sharding changes: walking every shard's index at each save cost the
+        loop ~2 ms of the local pod's ~8 ms save."""
+        signature = (treedef, tuple((leaf.shape, leaf.sharding) for leaf in leaves))
+        if self._plan is None or self._plan[0] != signature:
+            paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+            wanted: dict[str, tuple[int, int]] = {}
+            for i, (path, leaf) in enumerate(zip(paths, leaves, strict=True)):
+                for at, shard in enumerate(leaf.addressable_shards):
+                    wanted.setdefault(_key(path, shard.index, leaf.shape), (i, at))
+            self._plan = (signature, list(wanted), list(wanted.values()))
+        return self._plan[1], self._plan[2]
 
     def _write(self, step: int, pieces, data: bytes) -> None:
         """On the writer thread. A disk that refuses (full, gone) costs this copy only: one
@@ -152,8 +163,7 @@ class LocalTier:
             shutil.rmtree(self.root / str(old), ignore_errors=True)
 
     def wait(self) -> None:
-        if self._writer is not None:
-            self._writer.join()
+        self._writer.join()
 
     # -- restoring --------------------------------------------------------------------------
     def steps(self) -> list[int]:
