@@ -92,6 +92,15 @@ with open(os.path.join(directory, "10", "arrays.bin"), "r+b") as f:
     f.seek(0)
     f.write(bytes([first[0] ^ 1]))
 assert tier.agreed_step(None) is None  # a damaged copy is never offered
+# Another sharding (w split, then whole): the tier works out its shards again.
+state["w"] = jax.device_put(state["w"] * 2, whole)
+assert tier.save(20, state)
+tier.wait()
+abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                        state)
+got, _ = tier.restore(20, abstract)
+for k in state:
+    assert np.asarray(got[k]).tobytes() == np.asarray(state[k]).tobytes(), k
 print("ok")
 """
 

@@ -102,8 +102,8 @@ class LocalTier:
     def save(self, step: int, state, extra: bytes = b"") -> bool:
         """Dispatches the copy of this process's shards to host memory (tpupod_job.host_copy:
         the loop does not wait for the step still computing them); the writer thread awaits it
-        and writes the shards with `extra`. False when the previous save is still being written (this one
-        is skipped)."""
+        and writes the shards with `extra`. False when the previous save is still being written
+        (this one is skipped)."""
         if self._writer.busy():
             self.skipped += 1
             return False
@@ -111,9 +111,11 @@ class LocalTier:
         leaves, treedef = jax.tree.flatten(state)
         keys, where = self._shard_plan(state, leaves, treedef)
         shards = to_host([leaves[i].addressable_data(at) for i, at in where])
-        self._writer.submit(self._write, step, list(zip(keys, shards, strict=True)), bytes(extra))
+        pieces = list(zip(keys, shards, strict=True))
+        handed = self._writer.submit(self._write, step, pieces, bytes(extra))
         self.blocked_s += time.perf_counter() - t0
-        return True
+        self.skipped += not handed  # another thread's save got there first
+        return handed
 
     def _shard_plan(self, state, leaves, treedef) -> tuple[list[str], list[tuple[int, int]]]:
         """Which shards this process writes, once each (a replicated index once): their keys

@@ -35,10 +35,13 @@ class Worker:
         with self._cond:
             if self._task is not None:
                 return False
-            self._task = (fn, args)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
+                # Started before the task is taken: a start that fails (no threads left) then
+                # leaves no task behind that nothing would run, busy for good.
+                thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                thread.start()
+                self._thread = thread
+            self._task = (fn, args)
             self._cond.notify_all()
         return True
 
@@ -46,6 +49,8 @@ class Worker:
         return self._task is not None
 
     def join(self) -> None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(f"{self.name}: a task cannot wait for itself")
         with self._cond:
             while self._task is not None:
                 self._cond.wait()
@@ -62,6 +67,9 @@ class Worker:
                 with contextlib.suppress(BaseException):
                     self.on_error(error)
             finally:
+                # Not held while waiting for the next: a save's arguments are its copy of the
+                # state in host memory, which would otherwise live until the next save's.
+                fn = args = None
                 with self._cond:
                     self._task = None
                     self._cond.notify_all()
