@@ -121,7 +121,7 @@ class LocalTier:
         """Which shards this process writes, once each (a replicated index once): their keys
         and (leaf, position among the leaf's addressable shards). Worked out again only when the
         tree, a shape or a sharding changes: walking every shard's index at each save cost the
-        loop ~2 ms of the local pod's ~8 ms save."""
+        loop ~2 ms of a ~8 ms save (two `tiny` processes on two cores)."""
         signature = (treedef, tuple((leaf.shape, leaf.sharding) for leaf in leaves))
         if self._plan is None or self._plan[0] != signature:
             paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
