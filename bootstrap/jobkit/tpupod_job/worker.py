@@ -1,8 +1,8 @@
 """One background thread, started once, that runs one task at a time: where a save's slow part
 goes (the local tier's writer, the trainer's start of an Orbax save), so that the loop hands it
 over and goes on. Starting a thread per save made the loop wait for the new thread to be
-scheduled: 1-2 ms a save with two trainer processes on two busy cores, about a quarter of the
-local tier's save.
+scheduled: 1.2-2.1 ms a save with two trainer processes on two busy cores, up to a quarter of
+the local tier's ~8 ms save (measured by hand on c672f49).
 """
 
 from __future__ import annotations
